@@ -1,0 +1,215 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class KeyGroupRange(_message.Message):
+    __slots__ = ("lo", "hi")
+    LO_FIELD_NUMBER: _ClassVar[int]
+    HI_FIELD_NUMBER: _ClassVar[int]
+    lo: int
+    hi: int
+    def __init__(self, lo: _Optional[int] = ..., hi: _Optional[int] = ...) -> None: ...
+
+class OperatorInfo(_message.Message):
+    __slots__ = ("op_id", "uid")
+    OP_ID_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    op_id: int
+    uid: str
+    def __init__(self, op_id: _Optional[int] = ..., uid: _Optional[str] = ...) -> None: ...
+
+class AcquireWriterRequest(_message.Message):
+    __slots__ = ("job", "key_groups")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    KEY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    key_groups: KeyGroupRange
+    def __init__(self, job: _Optional[str] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ...) -> None: ...
+
+class AcquireWriterResponse(_message.Message):
+    __slots__ = ("epoch", "latest_checkpoint_id")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LATEST_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    latest_checkpoint_id: int
+    def __init__(self, epoch: _Optional[int] = ..., latest_checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class CommitHeader(_message.Message):
+    __slots__ = ("job", "checkpoint_id", "parent_id", "key_groups", "epoch", "state_versions", "operators")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STATE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    OPERATORS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    parent_id: int
+    key_groups: KeyGroupRange
+    epoch: int
+    state_versions: str
+    operators: _containers.RepeatedCompositeFieldContainer[OperatorInfo]
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., epoch: _Optional[int] = ..., state_versions: _Optional[str] = ..., operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ...) -> None: ...
+
+class CommitChunk(_message.Message):
+    __slots__ = ("header", "delta")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    header: CommitHeader
+    delta: bytes
+    def __init__(self, header: _Optional[_Union[CommitHeader, _Mapping]] = ..., delta: _Optional[bytes] = ...) -> None: ...
+
+class CheckpointInfo(_message.Message):
+    __slots__ = ("job", "checkpoint_id", "parent_id", "complete", "committed_ranges", "created_at_ms", "num_files", "total_bytes", "num_rows", "operators", "state_versions")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_RANGES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FILES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    OPERATORS_FIELD_NUMBER: _ClassVar[int]
+    STATE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    parent_id: int
+    complete: bool
+    committed_ranges: _containers.RepeatedCompositeFieldContainer[KeyGroupRange]
+    created_at_ms: int
+    num_files: int
+    total_bytes: int
+    num_rows: int
+    operators: _containers.RepeatedCompositeFieldContainer[OperatorInfo]
+    state_versions: str
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., complete: _Optional[bool] = ..., committed_ranges: _Optional[_Iterable[_Union[KeyGroupRange, _Mapping]]] = ..., created_at_ms: _Optional[int] = ..., num_files: _Optional[int] = ..., total_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ..., state_versions: _Optional[str] = ...) -> None: ...
+
+class CommitCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint", "bytes_written")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: CheckpointInfo
+    bytes_written: int
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ..., bytes_written: _Optional[int] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("job", "checkpoint_id", "op_id", "key_bytes")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    OP_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    op_id: int
+    key_bytes: bytes
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., op_id: _Optional[int] = ..., key_bytes: _Optional[bytes] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("found", "value", "checkpoint_id")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    value: bytes
+    checkpoint_id: int
+    def __init__(self, found: _Optional[bool] = ..., value: _Optional[bytes] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class MultiGetRequest(_message.Message):
+    __slots__ = ("job", "checkpoint_id", "op_ids", "keys")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    OP_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    op_ids: _containers.RepeatedScalarFieldContainer[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., op_ids: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class MultiGetResponse(_message.Message):
+    __slots__ = ("found", "values", "checkpoint_id")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    found: _containers.RepeatedScalarFieldContainer[bool]
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    checkpoint_id: int
+    def __init__(self, found: _Optional[_Iterable[bool]] = ..., values: _Optional[_Iterable[bytes]] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class ScanCheckpointRequest(_message.Message):
+    __slots__ = ("job", "checkpoint_id", "key_groups", "op_ids", "delta")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    OP_IDS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    key_groups: KeyGroupRange
+    op_ids: _containers.RepeatedScalarFieldContainer[int]
+    delta: bytes
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., op_ids: _Optional[_Iterable[int]] = ..., delta: _Optional[bytes] = ...) -> None: ...
+
+class ScanChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, jobs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListCheckpointsRequest(_message.Message):
+    __slots__ = ("job", "include_incomplete")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_INCOMPLETE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    include_incomplete: bool
+    def __init__(self, job: _Optional[str] = ..., include_incomplete: _Optional[bool] = ...) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ("checkpoints",)
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointInfo]
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[CheckpointInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeCheckpointRequest(_message.Message):
+    __slots__ = ("job", "checkpoint_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class DescribeCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint", "manifest_json")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: CheckpointInfo
+    manifest_json: str
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ..., manifest_json: _Optional[str] = ...) -> None: ...
+
+class DeleteCheckpointRequest(_message.Message):
+    __slots__ = ("job", "checkpoint_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class DeleteCheckpointResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,57 @@
+"""Domain errors shared by every part of the tier: one root, one subclass per meaning."""
+
+from __future__ import annotations
+
+
+class ClinkError(Exception):
+    """Root of every error the tier raises on purpose."""
+
+
+class InvalidArgumentError(ClinkError, ValueError):
+    """The caller passed something malformed; nothing was changed."""
+
+
+class NotFoundError(ClinkError, LookupError):
+    """A job, checkpoint, savepoint or object does not exist."""
+
+
+class CorruptDataError(ClinkError):
+    """Stored or received bytes are not what they claim to be."""
+
+
+class CorruptSnapshotError(CorruptDataError):
+    """A snapshot stream violates the format contract."""
+
+
+class ChecksumMismatchError(CorruptDataError):
+    """A stored file's bytes do not match the checksum in its manifest."""
+
+    def __init__(self, path: str, expected: str, actual: str) -> None:
+        super().__init__(f"checksum mismatch in {path}: manifest says {expected}, file has {actual}")
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class UnsupportedFormatVersionError(ClinkError):
+    """A snapshot declares a format version newer than this reader knows."""
+
+
+class ConflictError(ClinkError):
+    """A concurrent writer won a race (same checkpoint committed twice, CAS lost)."""
+
+
+class FencedError(ClinkError):
+    """A newer writer took over an overlapping key-group range; this writer must stop."""
+
+
+class UnavailableError(ClinkError):
+    """A dependency (object store, pool) is unreachable or throttling; safe to retry."""
+
+
+class PermissionDeniedError(ClinkError):
+    """The caller is authenticated but not allowed to touch this job."""
+
+
+class UnauthenticatedError(ClinkError):
+    """The caller presented no valid credentials."""

@@ -1,0 +1,196 @@
+"""The snapshot stream: schemas, the one writer and the reference reader."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from snapshot.errors import CorruptSnapshotError, InvalidArgumentError, UnsupportedFormatVersionError
+from snapshot.versions import StateVersionMap
+
+FORMAT_VERSION = 1
+FORMAT_VERSION_KEY = b"clink.format_version"
+STATE_VERSIONS_KEY = b"clink.state_versions"
+
+ROW_MATERIALISATION = 0
+ROW_PUT = 1
+ROW_ERASE = 2
+
+CANONICAL_FIELDS = [
+    pa.field("op_id", pa.uint64(), nullable=False),
+    pa.field("key_bytes", pa.binary(), nullable=False),
+    pa.field("value_bytes", pa.binary(), nullable=False),
+]
+CANONICAL_SCHEMA = pa.schema(CANONICAL_FIELDS)
+CHANGELOG_SCHEMA = pa.schema([pa.field("row_kind", pa.uint8(), nullable=False), *CANONICAL_FIELDS])
+
+Bytesish = bytes | bytearray | memoryview | pa.Buffer
+
+
+def empty_table(changelog: bool = False) -> pa.Table:
+    """A zero-row table of the canonical or changelog schema."""
+    return (CHANGELOG_SCHEMA if changelog else CANONICAL_SCHEMA).empty_table()
+
+
+def _metadata(state_versions: StateVersionMap | None, extra: Mapping[bytes | str, bytes | str] | None) -> dict[bytes, bytes]:
+    meta: dict[bytes, bytes] = {}
+    for key, value in (extra or {}).items():
+        k = key.encode() if isinstance(key, str) else bytes(key)
+        meta[k] = value.encode() if isinstance(value, str) else bytes(value)
+    meta.pop(STATE_VERSIONS_KEY, None)
+    meta[FORMAT_VERSION_KEY] = str(FORMAT_VERSION).encode()
+    if state_versions:
+        meta[STATE_VERSIONS_KEY] = state_versions.pack().encode()
+    return meta
+
+
+def conform(table: pa.Table, changelog: bool = False) -> pa.Table:
+    """Cast a table to the exact schema (names, types, non-null); refuse nulls and missing columns."""
+    schema = CHANGELOG_SCHEMA if changelog else CANONICAL_SCHEMA
+    columns = []
+    for f in schema:
+        if f.name not in table.column_names:
+            raise InvalidArgumentError(f"column {f.name} missing (have {table.column_names})")
+        col = table.column(f.name)
+        if col.null_count:
+            raise InvalidArgumentError(f"column {f.name} has {col.null_count} null(s); snapshot columns are non-nullable")
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InvalidArgumentError(f"column {f.name} must be {f.type}, got {col.type}: {exc}") from None
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+class SnapshotArrowWriter:
+    """The one writer: canonical or changelog variant, one RecordBatch, version stamped."""
+
+    def __init__(
+        self,
+        state_versions: StateVersionMap | None = None,
+        extra_metadata: Mapping[bytes | str, bytes | str] | None = None,
+        changelog: bool = False,
+    ) -> None:
+        self.changelog = changelog
+        self.metadata = _metadata(state_versions, extra_metadata)
+        self.schema = (CHANGELOG_SCHEMA if changelog else CANONICAL_SCHEMA).with_metadata(self.metadata)
+
+    def record_batch(self, table: pa.Table) -> pa.RecordBatch:
+        """The single RecordBatch this writer emits for ``table``."""
+        table = conform(table, self.changelog).combine_chunks()
+        arrays = [c.chunk(0) if c.num_chunks else pa.array([], type=c.type) for c in table.columns]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def write_to(self, sink: pa.NativeFile | object, table: pa.Table) -> None:
+        """Write the stream to a sink (a pyarrow NativeFile or a Python file object)."""
+        batch = self.record_batch(table)
+        with ipc.new_stream(sink, self.schema) as writer:
+            writer.write_batch(batch)
+
+    def write(self, table: pa.Table) -> bytes:
+        """The stream as bytes."""
+        return self.write_buffer(table).to_pybytes()
+
+    def write_buffer(self, table: pa.Table) -> pa.Buffer:
+        """The stream as a pyarrow Buffer (no extra copy)."""
+        sink = pa.BufferOutputStream()
+        self.write_to(sink, table)
+        return sink.getvalue()
+
+
+def write_snapshot(
+    table: pa.Table,
+    state_versions: StateVersionMap | None = None,
+    extra_metadata: Mapping[bytes | str, bytes | str] | None = None,
+    changelog: bool = False,
+) -> bytes:
+    """Shorthand for ``SnapshotArrowWriter(...).write(table)``."""
+    return SnapshotArrowWriter(state_versions, extra_metadata, changelog).write(table)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot as read: its table and what its metadata says."""
+
+    table: pa.Table
+    format_version: int
+    state_versions: StateVersionMap
+    metadata: dict[bytes, bytes] = field(default_factory=dict)
+    is_changelog: bool = False
+
+    @property
+    def extra_metadata(self) -> dict[bytes, bytes]:
+        """Metadata keys other than the format's own (kept by merge)."""
+        return {k: v for k, v in self.metadata.items() if k not in (FORMAT_VERSION_KEY, STATE_VERSIONS_KEY)}
+
+
+def parse_format_version(metadata: Mapping[bytes, bytes]) -> int:
+    """The declared format version (absent reads as 1); above 1 raises."""
+    raw = metadata.get(FORMAT_VERSION_KEY)
+    if raw is None:
+        return FORMAT_VERSION
+    text = raw.decode("utf-8", errors="replace")
+    if not text.isascii() or not text.isdigit():
+        raise CorruptSnapshotError(f"clink.format_version {text!r} is not an integer")
+    version = int(text)
+    if version > FORMAT_VERSION:
+        raise UnsupportedFormatVersionError(
+            f"snapshot format version {version} is newer than the highest this reader knows ({FORMAT_VERSION}); upgrade clink"
+        )
+    if version < 1:
+        raise CorruptSnapshotError(f"clink.format_version {version} is not a valid version")
+    return version
+
+
+def _check_schema(schema: pa.Schema) -> bool:
+    names = schema.names
+    is_changelog = bool(names) and names[0] == "row_kind"
+    expected = CHANGELOG_SCHEMA if is_changelog else CANONICAL_SCHEMA
+    for f in expected:
+        if f.name not in names:
+            raise CorruptSnapshotError(f"{f.name} column missing (columns are {names})")
+    if names != expected.names:
+        raise CorruptSnapshotError(f"columns must be {expected.names}, got {names}")
+    for f in expected:
+        got = schema.field(f.name).type
+        if got != f.type:
+            raise CorruptSnapshotError(f"{f.name} must be {f.type}, got {got}")
+    return is_changelog
+
+
+def _open_reader(data: Bytesish | pa.NativeFile) -> ipc.RecordBatchStreamReader:
+    try:
+        source = data if isinstance(data, pa.NativeFile) else pa.BufferReader(data if isinstance(data, pa.Buffer) else pa.py_buffer(data))
+        return ipc.open_stream(source)
+    except (pa.ArrowInvalid, OSError, ValueError, TypeError) as exc:
+        raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from None
+
+
+def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
+    """The reference reader: check schema, nulls and metadata; return the table and what it declares."""
+    reader = _open_reader(data)
+    schema = reader.schema
+    metadata = dict(schema.metadata or {})
+    version = parse_format_version(metadata)
+    raw_versions = metadata.get(STATE_VERSIONS_KEY)
+    state_versions = StateVersionMap.unpack(raw_versions) if raw_versions is not None else StateVersionMap()
+    is_changelog = _check_schema(schema)
+    try:
+        table = reader.read_all()
+    except (pa.ArrowInvalid, OSError, ValueError) as exc:
+        raise CorruptSnapshotError(f"stream is truncated or damaged: {exc}") from None
+    for col, name in zip(table.columns, table.column_names, strict=False):
+        if col.null_count:
+            raise CorruptSnapshotError(f"{name} has {col.null_count} null(s); columns are non-nullable")
+    if is_changelog and table.num_rows:
+        import pyarrow.compute as pc
+
+        bad = pc.sum(pc.greater(table.column("row_kind"), ROW_ERASE).cast(pa.int64())).as_py()
+        if bad:
+            raise CorruptSnapshotError(f"row_kind has {bad} value(s) outside 0 (materialisation), 1 (put), 2 (erase)")
+    table = table.cast((CHANGELOG_SCHEMA if is_changelog else CANONICAL_SCHEMA).with_metadata(metadata))
+    return Snapshot(table, version, state_versions, metadata, is_changelog)

@@ -1,0 +1,166 @@
+"""Vectorised operations on snapshot tables: replay, overlay, merge, key-group filter."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from snapshot.errors import InvalidArgumentError
+from snapshot.format import (
+    CANONICAL_SCHEMA,
+    ROW_ERASE,
+    ROW_MATERIALISATION,
+    Bytesish,
+    SnapshotArrowWriter,
+    empty_table,
+    read_snapshot,
+)
+from snapshot.keys import NUM_KEY_GROUPS, OPERATOR_STATE_PREFIX, leading_bytes
+
+_EMPTY_SEP = pa.scalar(b"", pa.binary())
+
+
+def composite_keys(op_ids: pa.Array | pa.ChunkedArray, key_bytes: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One binary key per row: op_id as 8 big-endian bytes, then key_bytes."""
+    ops = np.asarray(op_ids.to_numpy(zero_copy_only=False), dtype=">u8")
+    prefix = pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), len(ops), [None, pa.py_buffer(ops.tobytes())])
+    keys = key_bytes.combine_chunks() if isinstance(key_bytes, pa.ChunkedArray) else key_bytes
+    return pc.binary_join_element_wise(prefix.cast(pa.binary()), keys, _EMPTY_SEP)
+
+
+def _group_starts(sorted_keys: pa.Array) -> np.ndarray:
+    """Boolean mask of the first row of each run of equal keys in a sorted array."""
+    n = len(sorted_keys)
+    starts = np.ones(n, dtype=bool)
+    if n > 1:
+        starts[1:] = pc.not_equal(sorted_keys.slice(1), sorted_keys.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    return starts
+
+
+def replay_changelog(changelog: pa.Table) -> pa.Table:
+    """Resolve a changelog to one row per (op_id, key_bytes): the last one after materialisation-first ordering.
+
+    The result keeps ``row_kind``, so an erase is still visible to overlay.
+    """
+    n = changelog.num_rows
+    if n == 0:
+        return changelog
+    kinds = changelog.column("row_kind").to_numpy()
+    position = np.arange(n, dtype=np.int64)
+    order = np.where(kinds == ROW_MATERIALISATION, position, position + n)
+    comp = composite_keys(changelog.column("op_id"), changelog.column("key_bytes"))
+    if pc.count_distinct(comp).as_py() == n:
+        return changelog
+    keyed = pa.table({"k": comp, "o": pa.array(-order)})
+    idx = pc.sort_indices(keyed, sort_keys=[("k", "ascending"), ("o", "ascending")])
+    sorted_keys = comp.take(idx)
+    first = idx.to_numpy()[_group_starts(sorted_keys)]
+    return changelog.take(pa.array(np.sort(first)))
+
+
+def canonical_from_changelog(changelog: pa.Table) -> pa.Table:
+    """Replay a changelog into canonical rows (erased keys dropped)."""
+    resolved = replay_changelog(changelog)
+    live = resolved.filter(pc.not_equal(resolved.column("row_kind"), ROW_ERASE)) if resolved.num_rows else resolved
+    return live.select(["op_id", "key_bytes", "value_bytes"]).cast(CANONICAL_SCHEMA)
+
+
+def overlay(base: pa.Table, changelog: pa.Table) -> pa.Table:
+    """Apply a changelog (puts, erases, materialisations) on top of a canonical table."""
+    base = base.select(["op_id", "key_bytes", "value_bytes"])
+    if changelog.num_rows == 0:
+        return base.cast(CANONICAL_SCHEMA)
+    if "row_kind" not in changelog.column_names:
+        raise InvalidArgumentError("overlay needs a changelog table (row_kind column missing)")
+    resolved = replay_changelog(changelog)
+    if base.num_rows:
+        candidate = pc.is_in(base.column("key_bytes"), value_set=resolved.column("key_bytes").combine_chunks())
+        cand_idx = np.flatnonzero(candidate.to_numpy(zero_copy_only=False))
+        if cand_idx.size:
+            sub = base.select(["op_id", "key_bytes"]).take(pa.array(cand_idx))
+            hit = pc.is_in(
+                composite_keys(sub.column("op_id"), sub.column("key_bytes")),
+                value_set=composite_keys(resolved.column("op_id"), resolved.column("key_bytes")),
+            ).to_numpy(zero_copy_only=False)
+            keep = np.ones(base.num_rows, dtype=bool)
+            keep[cand_idx[hit]] = False
+            base = base.filter(pa.array(keep))
+    live = resolved.filter(pc.not_equal(resolved.column("row_kind"), ROW_ERASE))
+    puts = live.select(["op_id", "key_bytes", "value_bytes"])
+    return pa.concat_tables([base.cast(CANONICAL_SCHEMA), puts.cast(CANONICAL_SCHEMA)])
+
+
+def _check_range(lo: int, hi: int) -> None:
+    if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi < NUM_KEY_GROUPS):
+        raise InvalidArgumentError(f"key-group range {lo}-{hi} must satisfy 0 <= lo <= hi <= {NUM_KEY_GROUPS - 1}")
+
+
+def key_group_mask(key_bytes: pa.Array | pa.ChunkedArray, lo: int, hi: int) -> np.ndarray:
+    """Rows whose leading byte is in [lo, hi], plus every operator-state row (leading byte >= 128)."""
+    _check_range(lo, hi)
+    lead = leading_bytes(key_bytes)
+    return (lead >= NUM_KEY_GROUPS) | ((lead >= lo) & (lead <= hi))
+
+
+def filter_key_groups(table: pa.Table, lo: int, hi: int) -> pa.Table:
+    """Keep keyed rows of key groups lo..hi (inclusive) and every operator-state row; a one-byte compare."""
+    if table.num_rows == 0:
+        _check_range(lo, hi)
+        return table
+    return table.filter(pa.array(key_group_mask(table.column("key_bytes"), lo, hi)))
+
+
+def merge_tables(tables: Iterable[pa.Table]) -> pa.Table:
+    """Scale-down merge of canonical tables: one row per (op_id, key_bytes), the collision rule of the format."""
+    parts = [t.select(["op_id", "key_bytes", "value_bytes"]).cast(CANONICAL_SCHEMA) for t in tables if t.num_rows]
+    if not parts:
+        return empty_table()
+    table = pa.concat_tables(parts).combine_chunks()
+    n = table.num_rows
+    comp = composite_keys(table.column("op_id"), table.column("key_bytes"))
+    if pc.count_distinct(comp).as_py() == n:
+        return table
+    idx = pc.sort_indices(pa.table({"k": comp, "o": pa.array(np.arange(n))}), sort_keys=[("k", "ascending"), ("o", "ascending")]).to_numpy()
+    sorted_keys = comp.take(pa.array(idx))
+    starts = _group_starts(sorted_keys)
+    group = np.cumsum(starts) - 1
+    values = table.column("value_bytes").combine_chunks().take(pa.array(idx))
+    is8 = (pc.binary_length(values).to_numpy(zero_copy_only=False) == 8)
+    op_state = leading_bytes(table.column("key_bytes").take(pa.array(idx))) == OPERATOR_STATE_PREFIX
+    # a group takes the greatest int64 only when it is operator state and every value in it is 8 bytes
+    group_all8 = np.minimum.reduceat(is8, np.flatnonzero(starts))[group]
+    by_value = op_state & group_all8
+    ints = np.zeros(n, dtype=np.int64)
+    if by_value.any():
+        vals8 = values.filter(pa.array(by_value))
+        raw = np.frombuffer(pa.concat_arrays([vals8]).buffers()[2], dtype=np.uint8)
+        offs = np.frombuffer(vals8.buffers()[1], dtype=np.int32, count=len(vals8) + 1, offset=vals8.offset * 4)
+        gather = offs[:-1, None] + np.arange(8)
+        ints[by_value] = raw[gather].copy().view("<i8").ravel()
+    priority = np.where(by_value, ~ints, 0)  # ~x reverses int64 order without overflow
+    order = np.lexsort((np.arange(n), priority, group))
+    chosen = order[np.r_[True, group[order][1:] != group[order][:-1]]]
+    return table.take(pa.array(np.sort(idx[chosen])))
+
+
+def canonicalise_state_snapshot(data: Bytesish) -> bytes:
+    """Any snapshot blob to the canonical form: canonical passes through, changelog is replayed."""
+    snap = read_snapshot(data)
+    if not snap.is_changelog:
+        return bytes(data) if not isinstance(data, pa.Buffer) else data.to_pybytes()
+    writer = SnapshotArrowWriter(snap.state_versions, snap.extra_metadata)
+    return writer.write(canonical_from_changelog(snap.table))
+
+
+def merge_snapshot_bytes(blobs: Iterable[Bytesish]) -> bytes:
+    """Merge snapshot streams (scale-down): rows by the collision rule, metadata of the first non-empty input."""
+    snaps = [read_snapshot(b) for b in blobs]
+    tables = [canonical_from_changelog(s.table) if s.is_changelog else s.table for s in snaps]
+    source = next((s for s, t in zip(snaps, tables, strict=False) if t.num_rows), snaps[0] if snaps else None)
+    writer = SnapshotArrowWriter(source.state_versions, source.extra_metadata) if source else SnapshotArrowWriter()
+    return writer.write(merge_tables(tables))
+
+
