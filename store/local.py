@@ -1,0 +1,210 @@
+"""The local-directory object store (file://): atomic rename for puts, exclusive link for put-if-absent."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
+from store.objects import ObjectInfo, ObjectStore, StoreConfig, StoreCounters, validate_key, validate_prefix
+
+_TMP_DIR = ".clink-tmp"
+_LOCK_FILE = ".clink-lock"
+
+
+def _etag(st: os.stat_result) -> str:
+    # a put always creates a new inode, so inode+mtime+size changes whenever the object is replaced
+    return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
+
+
+class FileStore(ObjectStore):
+    """Objects as files under a root directory; safe for several threads and processes on one host."""
+
+    def __init__(self, root: str | os.PathLike[str], config: StoreConfig | None = None) -> None:
+        config = config or StoreConfig()
+        self.root = Path(root).expanduser().resolve()
+        try:
+            (self.root / _TMP_DIR).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UnavailableError(f"cannot create store directory {self.root}: {exc}") from None
+        self.uri = f"file://{self.root}"
+        self.counters = StoreCounters()
+        self.coalesce_gap_bytes = config.coalesce_gap_bytes
+        self._thread_lock = threading.Lock()
+
+    def _path(self, key: str) -> Path:
+        return self.root / validate_key(key)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        # the thread lock orders threads of this process, flock orders processes sharing the directory
+        with self._thread_lock, open(self.root / _LOCK_FILE, "a+b") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    def _open_read(self, key: str):
+        path = self._path(key)
+        try:
+            return open(path, "rb")
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFoundError(f"object {key} not found in {self.uri}") from None
+        except OSError as exc:
+            raise UnavailableError(f"cannot read {key} in {self.uri}: {exc}") from None
+
+    def get(self, key: str) -> bytes:
+        """The whole object; NotFoundError naming the key."""
+        with self._open_read(key) as fh:
+            data = fh.read()
+        self.counters.count("get", read=len(data))
+        return data
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """``length`` bytes from ``start`` (shorter at the end of the object, b'' past it)."""
+        if start < 0 or length < 0:
+            raise InvalidArgumentError(f"range ({start}, {length}) of {key} must have start >= 0 and length >= 0")
+        with self._open_read(key) as fh:
+            fh.seek(start)
+            data = fh.read(length)
+        self.counters.count("get_range", read=len(data))
+        return data
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        """The object and the etag of exactly those bytes."""
+        with self._open_read(key) as fh:
+            st = os.fstat(fh.fileno())
+            data = fh.read()
+        self.counters.count("get", read=len(data))
+        return data, _etag(st)
+
+    def head(self, key: str) -> ObjectInfo:
+        """Size, modification time and etag; NotFoundError naming the key."""
+        path = self._path(key)
+        self.counters.count("head")
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFoundError(f"object {key} not found in {self.uri}") from None
+        if not path.is_file():
+            raise NotFoundError(f"object {key} not found in {self.uri}")
+        return ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000, _etag(st))
+
+    def _write_temp(self, key: str, data: bytes) -> tuple[Path, str]:
+        tmp = self.root / _TMP_DIR / f"{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "xb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+                etag = _etag(os.fstat(fh.fileno()))
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise UnavailableError(f"cannot write {key} in {self.uri}: {exc}") from None
+        return tmp, etag
+
+    def _ensure_parent(self, key: str, path: Path) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise InvalidArgumentError(f"object key {key} conflicts with an existing object on its path") from None
+
+    def _install(self, key: str, tmp: Path, path: Path, exclusive: bool) -> None:
+        try:
+            if exclusive:
+                os.link(tmp, path)
+            else:
+                os.replace(tmp, path)
+        except FileExistsError:
+            raise ConflictError(f"object {key} already exists in {self.uri}") from None
+        except IsADirectoryError:
+            raise InvalidArgumentError(f"object key {key} names a directory of other objects") from None
+        except OSError as exc:
+            raise UnavailableError(f"cannot write {key} in {self.uri}: {exc}") from None
+
+    def put(self, key: str, data: bytes) -> str:
+        """Write atomically (temp file + rename); returns the etag."""
+        path = self._path(key)
+        tmp, etag = self._write_temp(key, data)
+        try:
+            self._ensure_parent(key, path)
+            with self._locked():
+                self._install(key, tmp, path, exclusive=False)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.counters.count("put", written=len(data))
+        return etag
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        """Write only if absent (an exclusive hard link of a complete temp file); ConflictError otherwise."""
+        return self._conditional(key, data, None, op="put_if_absent")
+
+    def compare_and_swap(self, key: str, data: bytes, expected_etag: str | None) -> str:
+        """Replace only if the current etag matches (None: must be absent); ConflictError otherwise."""
+        return self._conditional(key, data, expected_etag, op="compare_and_swap")
+
+    def _conditional(self, key: str, data: bytes, expected_etag: str | None, op: str) -> str:
+        path = self._path(key)
+        tmp, etag = self._write_temp(key, data)
+        try:
+            self._ensure_parent(key, path)
+            with self._locked():
+                if expected_etag is None:
+                    self._install(key, tmp, path, exclusive=True)
+                else:
+                    try:
+                        current = _etag(path.stat()) if path.is_file() else None
+                    except FileNotFoundError:
+                        current = None
+                    if current is None:
+                        raise ConflictError(f"object {key} does not exist in {self.uri} (expected etag {expected_etag})")
+                    if current != expected_etag:
+                        raise ConflictError(f"object {key} in {self.uri} changed (etag {current}, expected {expected_etag})")
+                    self._install(key, tmp, path, exclusive=False)
+        finally:
+            tmp.unlink(missing_ok=True)
+            self.counters.count(op, written=len(data))
+        return etag
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, sorted by key."""
+        validate_prefix(prefix)
+        self.counters.count("list")
+        base_rel = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        base = self.root / base_rel if base_rel else self.root
+        found: list[ObjectInfo] = []
+        if base.is_dir():
+            for dirpath, dirnames, filenames in os.walk(base):
+                rel_dir = os.path.relpath(dirpath, self.root)
+                if rel_dir == ".":
+                    dirnames[:] = [d for d in dirnames if not d.startswith(".clink-")]
+                    filenames = [f for f in filenames if not f.startswith(".clink-")]
+                for name in filenames:
+                    key = name if rel_dir == "." else f"{rel_dir.replace(os.sep, '/')}/{name}"
+                    if not key.startswith(prefix):
+                        continue
+                    try:
+                        st = os.stat(os.path.join(dirpath, name))
+                    except FileNotFoundError:
+                        continue
+                    found.append(ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000, _etag(st)))
+        found.sort(key=lambda info: info.key.encode())
+        yield from found
+
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing key is fine."""
+        path = self._path(key)
+        with self._locked():
+            try:
+                path.unlink()
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except IsADirectoryError:
+                raise InvalidArgumentError(f"object key {key} names a directory of other objects") from None
+        self.counters.count("delete")

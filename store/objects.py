@@ -1,0 +1,212 @@
+"""The object-store interface every part of the tier talks to, plus key validation and open_store."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from snapshot.errors import InvalidArgumentError
+
+# ranges closer than this are fetched with one GET (the gap is read and thrown away)
+DEFAULT_COALESCE_GAP = 16 << 10
+# a coalesced GET never grows beyond this many bytes unless a single range is bigger
+DEFAULT_MAX_COALESCED = 64 << 20
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a listing or HEAD says about one object; key is relative to the store root."""
+
+    key: str
+    size: int
+    last_modified_ms: int
+    etag: str
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Connection settings for remote stores; credentials None means boto3's default chain."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    max_attempts: int = 5
+    connect_timeout_s: float = 5
+    read_timeout_s: float = 30
+    coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP
+
+
+@dataclass
+class StoreCounters:
+    """Requests per operation and bytes moved, so benchmarks and metrics can count what hit the store."""
+
+    requests: dict[str, int] = field(default_factory=dict)
+    bytes_read: int = 0
+    bytes_written: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, op: str, read: int = 0, written: int = 0) -> None:
+        """Record one request of kind ``op``."""
+        with self._lock:
+            self.requests[op] = self.requests.get(op, 0) + 1
+            self.bytes_read += read
+            self.bytes_written += written
+
+    def snapshot(self) -> dict[str, object]:
+        """A plain copy: {"requests": {...}, "bytes_read": n, "bytes_written": n}."""
+        with self._lock:
+            return {"requests": dict(self.requests), "bytes_read": self.bytes_read, "bytes_written": self.bytes_written}
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        with self._lock:
+            self.requests.clear()
+            self.bytes_read = 0
+            self.bytes_written = 0
+
+    @property
+    def total_requests(self) -> int:
+        """Requests of every kind."""
+        with self._lock:
+            return sum(self.requests.values())
+
+
+_FORBIDDEN_CHARS = ("\\", "\x00")
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a safe relative '/'-separated key; InvalidArgumentError naming it otherwise."""
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError(f"object key {key!r} must be a non-empty string")
+    if key.startswith("/"):
+        raise InvalidArgumentError(f"object key {key!r} must be relative (starts with '/')")
+    for ch in key:
+        if ch in _FORBIDDEN_CHARS or ord(ch) < 0x20 or ord(ch) == 0x7F:
+            raise InvalidArgumentError(f"object key {key!r} contains a forbidden character {ch!r}")
+    parts = key.split("/")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise InvalidArgumentError(f"object key {key!r} has an empty, '.' or '..' component")
+    if parts[0].startswith(".clink-"):
+        raise InvalidArgumentError(f"object key {key!r} uses the reserved '.clink-' prefix")
+    return key
+
+
+def validate_prefix(prefix: str) -> str:
+    """A listing prefix: '' (everything) or a key-like string (may end with '/')."""
+    if prefix == "":
+        return prefix
+    validate_key(prefix[:-1] if prefix.endswith("/") else prefix)
+    return prefix
+
+
+def coalesce_ranges(ranges: list[tuple[int, int]], gap: int, max_bytes: int = DEFAULT_MAX_COALESCED) -> list[tuple[int, int, list[int]]]:
+    """Group (start, length) ranges into few spans: (span_start, span_length, indices of the ranges inside it)."""
+    for start, length in ranges:
+        if start < 0 or length < 0:
+            raise InvalidArgumentError(f"range ({start}, {length}) must have start >= 0 and length >= 0")
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    spans: list[tuple[int, int, list[int]]] = []
+    for i in order:
+        start, length = ranges[i]
+        end = start + length
+        if spans:
+            s_start, s_len, members = spans[-1]
+            s_end = s_start + s_len
+            if start <= s_end + gap and max(end, s_end) - s_start <= max(max_bytes, length):
+                spans[-1] = (s_start, max(end, s_end) - s_start, [*members, i])
+                continue
+        spans.append((start, length, [i]))
+    return spans
+
+
+class ObjectStore(ABC):
+    """Get, ranged get, put, put-if-absent, compare-and-swap, list, delete over keys relative to a root."""
+
+    uri: str
+    counters: StoreCounters
+    coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The whole object; NotFoundError naming the key."""
+
+    @abstractmethod
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """``length`` bytes from ``start`` (shorter at the end of the object, b'' past it)."""
+
+    @abstractmethod
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        """The object and the etag of exactly those bytes (for a later compare_and_swap)."""
+
+    @abstractmethod
+    def head(self, key: str) -> ObjectInfo:
+        """Size, modification time and etag; NotFoundError naming the key."""
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> str:
+        """Write atomically (readers see the old or the new object, never a part); returns the etag."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        """Write only if no object has the key; ConflictError naming it otherwise."""
+
+    @abstractmethod
+    def compare_and_swap(self, key: str, data: bytes, expected_etag: str | None) -> str:
+        """Replace only if the current etag is ``expected_etag`` (None: the key must be absent); ConflictError otherwise."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix`` (a string prefix, like S3), sorted by key."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; deleting a missing key is not an error."""
+
+    def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Several (start, length) slices of one object, fetched with as few GETs as the coalescing gap allows."""
+        if not ranges:
+            return []
+        out: list[bytes] = [b""] * len(ranges)
+        for span_start, span_len, members in coalesce_ranges(list(ranges), self.coalesce_gap_bytes):
+            blob = self.get_range(key, span_start, span_len) if span_len else b""
+            view = memoryview(blob)
+            for i in members:
+                start, length = ranges[i]
+                out[i] = bytes(view[start - span_start : start - span_start + length])
+        return out
+
+    def exists(self, key: str) -> bool:
+        """Whether an object has this key."""
+        from snapshot.errors import NotFoundError
+
+        try:
+            self.head(key)
+        except NotFoundError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+
+def open_store(uri: str, config: StoreConfig | None = None) -> ObjectStore:
+    """Open a store by URI scheme: ``file:///abs/dir``, ``s3://bucket/prefix``; a bare path is a local directory."""
+    if not isinstance(uri, str) or not uri:
+        raise InvalidArgumentError(f"store URI {uri!r} must be a non-empty string")
+    if uri.startswith("s3://"):
+        from store.s3 import S3Store
+
+        return S3Store.from_uri(uri, config or StoreConfig())
+    if uri.startswith("file://"):
+        from store.local import FileStore
+
+        return FileStore(uri[len("file://") :], config or StoreConfig())
+    if "://" in uri:
+        raise InvalidArgumentError(f"store URI {uri!r} has an unknown scheme (use file:// or s3://)")
+    from store.local import FileStore
+
+    return FileStore(uri, config or StoreConfig())

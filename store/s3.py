@@ -1,0 +1,212 @@
+"""The S3 object store on boto3 (the only module that imports it); conditional writes via If-None-Match / If-Match."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import boto3
+import botocore.exceptions as bex
+from botocore.config import Config
+
+from snapshot.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from store.objects import ObjectInfo, ObjectStore, StoreConfig, StoreCounters, validate_key, validate_prefix
+
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_CONFLICT = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409", "OperationAborted"}
+_UNAVAILABLE = {"SlowDown", "503", "ServiceUnavailable", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError", "500"}
+_DENIED = {"AccessDenied", "403", "AllAccessDisabled"}
+_UNAUTH = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
+
+
+class _RangeNotSatisfiable(Exception):
+    """S3 said 416: the range starts at or past the end of the object."""
+
+
+def _strip(etag: str) -> str:
+    return etag.strip('"')
+
+
+class S3Store(ObjectStore):
+    """Objects under ``s3://bucket/prefix``; endpoint, region and credentials come from StoreConfig."""
+
+    def __init__(self, bucket: str, prefix: str = "", config: StoreConfig | None = None) -> None:
+        config = config or StoreConfig()
+        if not bucket:
+            raise InvalidArgumentError("S3 store needs a bucket name")
+        prefix = prefix.strip("/")
+        if prefix:
+            validate_key(prefix)
+        self.bucket = bucket
+        self.prefix = f"{prefix}/" if prefix else ""
+        self.uri = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        self.config = config
+        self.counters = StoreCounters()
+        self.coalesce_gap_bytes = config.coalesce_gap_bytes
+        session = boto3.session.Session(
+            aws_access_key_id=config.access_key_id,
+            aws_secret_access_key=config.secret_access_key,
+            region_name=config.region,
+        )
+        self._client = session.client(
+            "s3",
+            endpoint_url=config.endpoint_url,
+            config=Config(
+                retries={"max_attempts": config.max_attempts, "mode": "standard"},
+                connect_timeout=config.connect_timeout_s,
+                read_timeout=config.read_timeout_s,
+                s3={"addressing_style": "path"} if config.endpoint_url else {},
+                max_pool_connections=32,
+            ),
+        )
+
+    @classmethod
+    def from_uri(cls, uri: str, config: StoreConfig) -> S3Store:
+        """Parse ``s3://bucket[/prefix]``."""
+        rest = uri[len("s3://") :]
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise InvalidArgumentError(f"store URI {uri!r} has no bucket (use s3://bucket/prefix)")
+        return cls(bucket, prefix, config)
+
+    def _full(self, key: str) -> str:
+        return self.prefix + validate_key(key)
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except bex.ClientError as exc:
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            message = err.get("Message") or code
+            if code == "InvalidRange" or status == "416":
+                raise _RangeNotSatisfiable() from None
+            if code == "NoSuchBucket":
+                raise NotFoundError(f"bucket {self.bucket} not found ({what})") from None
+            if code in _NOT_FOUND or status == "404":
+                raise NotFoundError(f"object {what} not found in {self.uri}") from None
+            if code in _CONFLICT or status in ("409", "412"):
+                raise ConflictError(f"conditional write of {what} in {self.uri} lost: {message}") from None
+            if code in _UNAUTH:
+                raise UnauthenticatedError(f"{self.uri} rejected the credentials ({what}): {message}") from None
+            if code in _DENIED or status == "403":
+                raise PermissionDeniedError(f"access to {what} in {self.uri} denied: {message}") from None
+            if code in _UNAVAILABLE or status.startswith("5"):
+                raise UnavailableError(f"{self.uri} unavailable ({what}): {code} {message}") from None
+            raise UnavailableError(f"{self.uri} failed on {what}: {code} {message}") from None
+        except (bex.EndpointConnectionError, bex.ConnectionError, bex.ReadTimeoutError, bex.ConnectTimeoutError) as exc:
+            raise UnavailableError(f"{self.uri} unreachable ({what}): {exc}") from None
+        except bex.NoCredentialsError:
+            raise UnauthenticatedError(f"no credentials found for {self.uri}") from None
+        except bex.BotoCoreError as exc:
+            raise UnavailableError(f"{self.uri} failed on {what}: {exc}") from None
+
+    def get(self, key: str) -> bytes:
+        """The whole object; NotFoundError naming the key."""
+        return self.get_with_etag(key)[0]
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """``length`` bytes from ``start`` (shorter at the end of the object, b'' past it)."""
+        if start < 0 or length < 0:
+            raise InvalidArgumentError(f"range ({start}, {length}) of {key} must have start >= 0 and length >= 0")
+        if length == 0:
+            return b""
+        full = self._full(key)
+        try:
+            with self._errors(key):
+                resp = self._client.get_object(Bucket=self.bucket, Key=full, Range=f"bytes={start}-{start + length - 1}")
+                data = resp["Body"].read()
+        except _RangeNotSatisfiable:
+            self.counters.count("get_range")
+            return b""
+        self.counters.count("get_range", read=len(data))
+        return data
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        """The object and the etag of exactly those bytes."""
+        full = self._full(key)
+        with self._errors(key):
+            resp = self._client.get_object(Bucket=self.bucket, Key=full)
+            data = resp["Body"].read()
+        self.counters.count("get", read=len(data))
+        return data, _strip(resp["ETag"])
+
+    def head(self, key: str) -> ObjectInfo:
+        """Size, modification time and etag; NotFoundError naming the key."""
+        full = self._full(key)
+        with self._errors(key):
+            resp = self._client.head_object(Bucket=self.bucket, Key=full)
+        self.counters.count("head")
+        return ObjectInfo(key, int(resp["ContentLength"]), int(resp["LastModified"].timestamp() * 1000), _strip(resp["ETag"]))
+
+    def _put(self, key: str, data: bytes, op: str, **conditions: str) -> str:
+        full = self._full(key)
+        try:
+            with self._errors(key):
+                resp = self._client.put_object(Bucket=self.bucket, Key=full, Body=bytes(data), **conditions)
+        finally:
+            self.counters.count(op, written=len(data))
+        return _strip(resp["ETag"])
+
+    def put(self, key: str, data: bytes) -> str:
+        """One PUT (S3 objects appear atomically); returns the etag."""
+        return self._put(key, data, "put")
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        """PUT with If-None-Match: *; ConflictError if the key exists."""
+        try:
+            return self._put(key, data, "put_if_absent", IfNoneMatch="*")
+        except ConflictError:
+            raise ConflictError(f"object {key} already exists in {self.uri}") from None
+
+    def compare_and_swap(self, key: str, data: bytes, expected_etag: str | None) -> str:
+        """PUT with If-Match (or If-None-Match: * when expected_etag is None); ConflictError on mismatch."""
+        if expected_etag is None:
+            return self._put(key, data, "compare_and_swap", IfNoneMatch="*")
+        try:
+            return self._put(key, data, "compare_and_swap", IfMatch=f'"{_strip(expected_etag)}"')
+        except NotFoundError:
+            raise ConflictError(f"object {key} does not exist in {self.uri} (expected etag {expected_etag})") from None
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, sorted by key, page by page."""
+        validate_prefix(prefix)
+        paginator = self._client.get_paginator("list_objects_v2")
+        with self._errors(f"list {prefix!r}"):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                self.counters.count("list")
+                for obj in page.get("Contents", []):
+                    yield ObjectInfo(
+                        obj["Key"][len(self.prefix) :],
+                        int(obj["Size"]),
+                        int(obj["LastModified"].timestamp() * 1000),
+                        _strip(obj.get("ETag", "")),
+                    )
+
+    def delete(self, key: str) -> None:
+        """DELETE; a missing key is fine."""
+        full = self._full(key)
+        with self._errors(key):
+            self._client.delete_object(Bucket=self.bucket, Key=full)
+        self.counters.count("delete")
+
+    def create_bucket(self) -> None:
+        """Create the bucket (tests and first-run setups); an existing bucket owned by us is fine."""
+        with self._errors(f"create bucket {self.bucket}"):
+            try:
+                kwargs = {}
+                if self.config.region and self.config.region != "us-east-1":
+                    kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.config.region}
+                self._client.create_bucket(Bucket=self.bucket, **kwargs)
+            except bex.ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise
