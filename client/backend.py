@@ -1,0 +1,604 @@
+"""RemoteReadBackend: a worker's state for one key-group range; hot delta locally, state of record in the pool."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import snapshot
+from client.errors import ClinkError, FencedError, InvalidArgumentError, MissingOperatorsError, NotFoundError
+from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig, RetryPolicy
+from snapshot import NUM_KEY_GROUPS, StateVersionMap
+
+StateKey = tuple[int, bytes]  # (op_id, key_bytes)
+Layer = dict[StateKey, "bytes | None"]  # None marks an erase
+_ENTRY_OVERHEAD = 64  # rough per-entry bookkeeping bytes counted against the cache bound
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Deadlines, retry policy, cache size, commit chunk size and the TTL clock of a RemoteReadBackend."""
+
+    call_deadline_s: float = 10.0
+    commit_deadline_s: float = 120.0
+    scan_deadline_s: float = 300.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    cache_bytes: int = 64 * 1024 * 1024
+    commit_chunk_bytes: int = 1024 * 1024
+    # milliseconds since the epoch; TTL slots compare their expire-at prefix against it
+    clock_ms: Callable[[], int] = _wall_clock_ms
+    token: str | None = None
+    tls_root_certificates: bytes | None = None
+    tls_server_name: str | None = None
+    sleep: Callable[[float], None] = time.sleep
+    seed: int | None = None
+
+    def pool_client_config(self) -> PoolClientConfig:
+        """The PoolClientConfig these settings imply."""
+        return PoolClientConfig(
+            call_deadline_s=self.call_deadline_s,
+            commit_deadline_s=self.commit_deadline_s,
+            scan_deadline_s=self.scan_deadline_s,
+            retry=self.retry,
+            commit_chunk_bytes=self.commit_chunk_bytes,
+            token=self.token,
+            tls_root_certificates=self.tls_root_certificates,
+            tls_server_name=self.tls_server_name,
+            sleep=self.sleep,
+            seed=self.seed,
+        )
+
+
+def _entry_bytes(key: StateKey, value: bytes | None) -> int:
+    return len(key[1]) + (len(value) if value is not None else 0)
+
+
+def _check_range(key_groups: Sequence[int]) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in key_groups)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"key_groups must be a (lo, hi) pair, got {key_groups!r}") from None
+    if not 0 <= lo <= hi < NUM_KEY_GROUPS:
+        raise InvalidArgumentError(f"key-group range {lo}-{hi} must satisfy 0 <= lo <= hi <= {NUM_KEY_GROUPS - 1}")
+    return lo, hi
+
+
+def _check_op_id(op_id: int) -> int:
+    if not isinstance(op_id, int) or isinstance(op_id, bool) or not 0 <= op_id < 1 << 64:
+        raise InvalidArgumentError(f"op_id must be an unsigned 64-bit int, got {op_id!r}")
+    return op_id
+
+
+class _LruCache:
+    """Values read from the pool at the backend's read checkpoint (None: known absent), bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max(0, int(max_bytes))
+        self._entries: OrderedDict[StateKey, bytes | None] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def lookup(self, key: StateKey) -> tuple[bool, bytes | None]:
+        try:
+            value = self._entries[key]
+        except KeyError:
+            self.misses += 1
+            return False, None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return True, value
+
+    def store(self, key: StateKey, value: bytes | None) -> None:
+        old = self._entries.pop(key, _MISSING)
+        if old is not _MISSING:
+            self.bytes -= _entry_bytes(key, old) + _ENTRY_OVERHEAD
+        size = _entry_bytes(key, value) + _ENTRY_OVERHEAD
+        if size > self.max_bytes:
+            return
+        self._entries[key] = value
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            k, v = self._entries.popitem(last=False)
+            self.bytes -= _entry_bytes(k, v) + _ENTRY_OVERHEAD
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_MISSING = object()
+
+
+def changelog_table(layer: Mapping[StateKey, bytes | None]) -> pa.Table:
+    """A changelog table (puts and erases) of a layer, built column-wise in one pass over its entries."""
+    n = len(layer)
+    if n == 0:
+        return snapshot.empty_table(changelog=True)
+    keys = list(layer.keys())
+    values = list(layer.values())
+    op_ids = np.fromiter((k[0] for k in keys), dtype=np.uint64, count=n)
+    key_col = pa.array([k[1] for k in keys], type=pa.binary())
+    is_erase = np.fromiter((v is None for v in values), dtype=bool, count=n)
+    value_col = pa.array([b"" if v is None else v for v in values], type=pa.binary())
+    kinds = np.where(is_erase, snapshot.ROW_ERASE, snapshot.ROW_PUT).astype(np.uint8)
+    return pa.Table.from_arrays([pa.array(kinds), pa.array(op_ids), key_col, value_col], schema=snapshot.CHANGELOG_SCHEMA)
+
+
+def _prefix_mask(keys: pa.Array, prefix: bytes, start: int) -> np.ndarray:
+    """Rows of a binary array whose bytes at [start, start+len(prefix)) equal ``prefix``, vectorised."""
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1, offset=keys.offset * 4)
+    data_buf = keys.buffers()[2]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
+    lengths = offsets[1:] - offsets[:-1]
+    ok = lengths >= start + len(prefix)
+    if not ok.any():
+        return ok
+    base = offsets[:-1][ok] + start
+    sub = np.ones(base.size, dtype=bool)
+    for j, byte in enumerate(prefix):
+        sub &= data[base + j] == byte
+    ok[np.flatnonzero(ok)] = sub
+    return ok
+
+
+def ttl_expired_mask(table: pa.Table, ttl_slots: Iterable[tuple[int, str, bool]], now_ms: int) -> np.ndarray:
+    """Rows of TTL slots whose 8-byte little-endian expire-at-ms prefix is at or before ``now_ms``, vectorised.
+
+    ``ttl_slots`` holds (op_id, slot, keyed) triples: keyed slots match a key-group leading byte, others 0xFF.
+    """
+    n = table.num_rows
+    expired = np.zeros(n, dtype=bool)
+    if n == 0:
+        return expired
+    keys = table.column("key_bytes").combine_chunks()
+    ops = table.column("op_id").to_numpy()
+    lead = snapshot.leading_bytes(keys)
+    in_slot = np.zeros(n, dtype=bool)
+    for op_id, slot, keyed in ttl_slots:
+        lead_ok = lead < NUM_KEY_GROUPS if keyed else lead == snapshot.OPERATOR_STATE_PREFIX
+        in_slot |= (ops == np.uint64(op_id)) & lead_ok & _prefix_mask(keys, slot.encode("utf-8") + b"|", 1)
+    if not in_slot.any():
+        return expired
+    values = table.column("value_bytes").combine_chunks()
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=n + 1, offset=values.offset * 4)
+    lengths = offsets[1:] - offsets[:-1]
+    rows = np.flatnonzero(in_slot & (lengths >= 8))
+    if rows.size == 0:
+        return expired
+    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)
+    gather = offsets[:-1][rows, None] + np.arange(8)
+    expire_at = data[gather].copy().view("<i8").ravel()
+    expired[rows] = expire_at <= now_ms
+    return expired
+
+
+class RemoteReadBackend:
+    """A worker's keyed and operator state for one key-group range of a job, read through a RemotePool.
+
+    Writes land in the hot delta (newest wins). Reads look in the delta, in deltas shipped but not yet part of
+    a complete checkpoint, in a bounded LRU cache, then in the pool at the backend's read checkpoint.
+    """
+
+    def __init__(self, pool: PoolClient, job: str, key_groups: tuple[int, int], config: BackendConfig, owns_pool: bool = True) -> None:
+        self._pool = pool
+        self._owns_pool = owns_pool
+        self.job = job
+        self.config = config
+        self.key_groups = _check_range(key_groups)
+        self.epoch = 0
+        self._lock = threading.RLock()
+        self._snapshot_lock = threading.Lock()
+        self._delta: Layer = {}
+        self._delta_bytes = 0
+        self._shipping: Layer = {}
+        # deltas committed for checkpoints not yet known complete: (checkpoint_id, layer), oldest first
+        self._pending: list[tuple[int, Layer]] = []
+        self._cache = _LruCache(config.cache_bytes)
+        self._generation = 0  # bumped whenever the cache's basis changes, so late pool answers are not cached
+        self._read_checkpoint: int | None = None
+        self._parent_id = 0
+        self._operators: dict[int, str] = {}
+        self._ttl_slots: set[tuple[int, str, bool]] = set()
+        self.state_versions = StateVersionMap()
+        self.fenced = False
+        self.closed = False
+        self.last_commit: CommitResult | None = None
+        self.latest_checkpoint_at_connect = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    @classmethod
+    def connect(
+        cls,
+        address: str | PoolClient,
+        job: str,
+        key_groups: tuple[int, int] = (0, NUM_KEY_GROUPS - 1),
+        config: BackendConfig | None = None,
+    ) -> RemoteReadBackend:
+        """Connect to a pool and acquire a writer epoch for ``key_groups`` of ``job``; the state starts empty.
+
+        Call ``restore()`` to point the backend at a checkpoint. Pass a PoolClient to share one channel.
+        """
+        config = config or BackendConfig()
+        if not isinstance(job, str) or not job:
+            raise InvalidArgumentError(f"job must be a non-empty string, got {job!r}")
+        owns = not isinstance(address, PoolClient)
+        pool = PoolClient(address, config.pool_client_config()) if owns else address
+        backend = cls(pool, job, key_groups, config, owns_pool=owns)
+        try:
+            lease = pool.acquire_writer(job, backend.key_groups)
+        except BaseException:
+            if owns:
+                pool.close()
+            raise
+        backend.epoch = lease.epoch
+        backend.latest_checkpoint_at_connect = lease.latest_checkpoint_id
+        return backend
+
+    def close(self) -> None:
+        """Drop local state and close the channel (if this backend opened it); unsaved writes are lost."""
+        with self._lock:
+            self.closed = True
+            self._delta, self._shipping, self._pending = {}, {}, []
+            self._delta_bytes = 0
+            self._cache.clear()
+        if self._owns_pool:
+            self._pool.close()
+
+    def __enter__(self) -> RemoteReadBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what the caller can see --------------------------------------------------------------------
+
+    @property
+    def delta_rows(self) -> int:
+        """Puts and erases in the hot delta (since the last snapshot)."""
+        return len(self._delta)
+
+    @property
+    def delta_bytes(self) -> int:
+        """Key plus value bytes in the hot delta."""
+        return self._delta_bytes
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes held by the read cache."""
+        return self._cache.bytes
+
+    @property
+    def cache_stats(self) -> dict[str, int]:
+        """Cache hits, misses, entries and bytes."""
+        return {"hits": self._cache.hits, "misses": self._cache.misses, "entries": len(self._cache), "bytes": self._cache.bytes}
+
+    @property
+    def read_checkpoint(self) -> int | None:
+        """The complete checkpoint reads go to in the pool (None: nothing in the pool yet)."""
+        return self._read_checkpoint
+
+    @property
+    def parent_id(self) -> int:
+        """The checkpoint the next snapshot builds on (0: none)."""
+        return self._parent_id
+
+    @property
+    def pool(self) -> PoolClient:
+        """The pool client (shared channel for tools)."""
+        return self._pool
+
+    def register_operator(self, uid: str) -> int:
+        """Record an operator's uid (sent with every commit so tools can name it) and return its op_id."""
+        op_id = snapshot.operator_id(uid)
+        with self._lock:
+            self._operators[op_id] = uid
+        return op_id
+
+    def register_ttl_slot(self, op_id: int, slot: str, keyed: bool = True) -> None:
+        """Mark a slot as TTL: its values start with an 8-byte little-endian expire-at-ms; expired rows are not exported."""
+        snapshot.validate_slot(slot)
+        with self._lock:
+            self._ttl_slots.add((_check_op_id(op_id), slot, bool(keyed)))
+
+    def set_state_version(self, op_id: int, state_type: str, version: int) -> None:
+        """Stamp a state type's schema version; sent with every commit and written on exports."""
+        entries = dict(self.state_versions.items())
+        entries[(_check_op_id(op_id), state_type)] = version
+        self.state_versions = StateVersionMap(entries)
+
+    # -- writes -------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InvalidArgumentError(f"backend for job {self.job!r} key groups {self.key_groups[0]}-{self.key_groups[1]} is closed")
+
+    def _check_key(self, key: bytes) -> None:
+        lead = key[0] if key else 0
+        lo, hi = self.key_groups
+        if lead < NUM_KEY_GROUPS and not lo <= lead <= hi:
+            raise InvalidArgumentError(f"key {bytes(key)[:32]!r} is in key group {lead}, outside this backend's range {lo}-{hi}")
+
+    def _write(self, op_id: int, key_bytes: bytes, value: bytes | None) -> None:
+        self._check_open()
+        _check_op_id(op_id)
+        if not isinstance(key_bytes, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"key_bytes must be bytes, got {type(key_bytes).__name__}")
+        key_bytes = bytes(key_bytes)
+        self._check_key(key_bytes)
+        k = (op_id, key_bytes)
+        with self._lock:
+            old = self._delta.get(k, _MISSING)
+            if old is not _MISSING:
+                self._delta_bytes -= _entry_bytes(k, old)
+            self._delta[k] = value
+            self._delta_bytes += _entry_bytes(k, value)
+
+    def put(self, op_id: int, key_bytes: bytes, value: bytes) -> None:
+        """Write a value into the hot delta."""
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"value must be bytes, got {type(value).__name__}")
+        self._write(op_id, key_bytes, bytes(value))
+
+    def erase(self, op_id: int, key_bytes: bytes) -> None:
+        """Erase a key (recorded in the hot delta; shipped as an erase row)."""
+        self._write(op_id, key_bytes, None)
+
+    # -- reads --------------------------------------------------------------------------------------
+
+    def _local(self, k: StateKey) -> tuple[bool, bytes | None]:
+        """Look a key up in the delta, the shipping delta, pending deltas (newest first), then the cache."""
+        v = self._delta.get(k, _MISSING)
+        if v is not _MISSING:
+            return True, v
+        v = self._shipping.get(k, _MISSING)
+        if v is not _MISSING:
+            return True, v
+        for _, layer in reversed(self._pending):
+            v = layer.get(k, _MISSING)
+            if v is not _MISSING:
+                return True, v
+        if self._read_checkpoint is None:
+            return True, None
+        return self._cache.lookup(k)
+
+    def _read_key(self, op_id: int, key_bytes: bytes) -> StateKey:
+        _check_op_id(op_id)
+        if not isinstance(key_bytes, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"key_bytes must be bytes, got {type(key_bytes).__name__}")
+        key_bytes = bytes(key_bytes)
+        self._check_key(key_bytes)
+        return (op_id, key_bytes)
+
+    def get(self, op_id: int, key_bytes: bytes) -> bytes | None:
+        """The current value of a key (None when absent): delta, cache, then the pool."""
+        self._check_open()
+        k = self._read_key(op_id, key_bytes)
+        with self._lock:
+            found, value = self._local(k)
+            if found:
+                return value
+            checkpoint, generation = self._read_checkpoint, self._generation
+        value = self._pool.get(self.job, checkpoint, op_id, k[1])
+        with self._lock:
+            if generation == self._generation and not self._local_layers_hold(k):
+                self._cache.store(k, value)
+        return value
+
+    def _local_layers_hold(self, k: StateKey) -> bool:
+        return k in self._delta or k in self._shipping or any(k in layer for _, layer in self._pending)
+
+    def get_many(self, op_id: int, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Values of many keys of one operator, in order; every miss goes to the pool in ONE MultiGet."""
+        self._check_open()
+        ks = [self._read_key(op_id, key) for key in keys]
+        out: list[bytes | None] = [None] * len(ks)
+        miss_idx: list[int] = []
+        with self._lock:
+            for i, k in enumerate(ks):
+                found, value = self._local(k)
+                if found:
+                    out[i] = value
+                else:
+                    miss_idx.append(i)
+            checkpoint, generation = self._read_checkpoint, self._generation
+        if not miss_idx:
+            return out
+        fetched = self._pool.multi_get(self.job, checkpoint, [op_id], [ks[i][1] for i in miss_idx])
+        with self._lock:
+            cache_ok = generation == self._generation
+            for i, value in zip(miss_idx, fetched, strict=True):
+                out[i] = value
+                if cache_ok and not self._local_layers_hold(ks[i]):
+                    self._cache.store(ks[i], value)
+        return out
+
+    # -- checkpoints --------------------------------------------------------------------------------
+
+    def _fold_into_cache(self, layer: Layer) -> None:
+        for k, v in layer.items():
+            self._cache.store(k, v)
+
+    def _release_pending(self, complete_id: int) -> None:
+        """Checkpoint ``complete_id`` is complete: pending deltas up to it are now in the pool; read there."""
+        keep = []
+        for cid, layer in self._pending:
+            if cid <= complete_id:
+                self._fold_into_cache(layer)
+            else:
+                keep.append((cid, layer))
+        self._pending = keep
+        if self._read_checkpoint is None or complete_id > self._read_checkpoint:
+            self._read_checkpoint = complete_id
+            self._generation += 1
+
+    def refresh_completion(self) -> int | None:
+        """Ask the pool whether checkpoints this backend committed are complete yet; return the newest complete one."""
+        if not self._pending:
+            return self._read_checkpoint
+        newest = max(cid for cid, _ in self._pending)
+        complete = [c.checkpoint_id for c in self._pool.list_checkpoints(self.job) if c.complete and c.checkpoint_id <= newest]
+        if complete:
+            with self._lock:
+                self._release_pending(max(complete))
+        return self._read_checkpoint
+
+    def snapshot(self, checkpoint_id: int) -> CommitResult:
+        """Ship the hot delta as a changelog for this range of checkpoint ``checkpoint_id`` and commit it.
+
+        Writes made during the upload go to a fresh delta and are kept. On failure the shipped delta is merged
+        back under newer writes, so the next checkpoint carries it; FencedError is raised (never retried).
+        """
+        self._check_open()
+        if not isinstance(checkpoint_id, int) or isinstance(checkpoint_id, bool) or checkpoint_id <= 0:
+            raise InvalidArgumentError(f"checkpoint_id must be a positive int, got {checkpoint_id!r}")
+        if checkpoint_id <= self._parent_id:
+            raise InvalidArgumentError(f"checkpoint_id {checkpoint_id} must be greater than the parent checkpoint {self._parent_id}")
+        with self._snapshot_lock:
+            with self._lock:
+                shipping, self._shipping = self._delta, self._delta
+                self._delta, self._delta_bytes = {}, 0
+                operators = dict(self._operators)
+                for op_id, _ in shipping:
+                    operators.setdefault(op_id, "")
+                parent = self._parent_id
+            try:
+                writer = snapshot.SnapshotArrowWriter(self.state_versions, changelog=True)
+                blob = writer.write_buffer(changelog_table(shipping))
+                result = self._pool.commit_checkpoint(
+                    self.job,
+                    checkpoint_id,
+                    parent,
+                    self.key_groups,
+                    self.epoch,
+                    memoryview(blob),
+                    state_versions=self.state_versions.pack(),
+                    operators=operators,
+                )
+            except BaseException as exc:
+                with self._lock:
+                    merged = shipping
+                    merged.update(self._delta)  # newer writes win over the shipped ones
+                    self._delta = merged
+                    self._delta_bytes = sum(_entry_bytes(k, v) for k, v in merged.items())
+                    self._shipping = {}
+                    if isinstance(exc, FencedError):
+                        self.fenced = True
+                raise
+            with self._lock:
+                self._shipping = {}
+                self._parent_id = checkpoint_id
+                self._operators.update({o: u for o, u in operators.items() if u or o not in self._operators})
+                self._pending.append((checkpoint_id, shipping))
+                if result.checkpoint.complete:
+                    self._release_pending(checkpoint_id)
+                self.last_commit = result
+        if self._pending:
+            try:
+                self.refresh_completion()
+            except ClinkError:
+                pass  # completion is re-checked on the next snapshot; pending deltas keep serving reads meanwhile
+        return result
+
+    def restore(
+        self,
+        checkpoint_id: int | None = None,
+        key_groups: tuple[int, int] | None = None,
+        expected_operators: Mapping[str, int] | None = None,
+    ) -> CheckpointInfo:
+        """Point the backend at a complete checkpoint (None: the newest) and range (None: the current one).
+
+        Reads metadata only; values are fetched lazily. Unsaved writes are dropped. A new range re-acquires a
+        writer epoch for it (fencing older overlapping writers). ``expected_operators`` (uid -> op_id) is checked
+        against the checkpoint first: any operator it lacks raises MissingOperatorsError and nothing changes.
+        """
+        self._check_open()
+        new_range = _check_range(key_groups) if key_groups is not None else self.key_groups
+        if checkpoint_id is None:
+            complete = [c.checkpoint_id for c in self._pool.list_checkpoints(self.job) if c.complete]
+            if not complete:
+                raise NotFoundError(f"job {self.job!r} has no complete checkpoint to restore from")
+            checkpoint_id = max(complete)
+        info, _ = self._pool.describe_checkpoint(self.job, checkpoint_id)
+        if not info.complete:
+            ranges = ", ".join(f"{lo}-{hi}" for lo, hi in info.committed_ranges) or "none"
+            raise InvalidArgumentError(
+                f"checkpoint {checkpoint_id} of job {self.job!r} is incomplete (committed key groups: {ranges}); restore from a complete one"
+            )
+        if expected_operators:
+            missing = {}
+            for uid, op_id in expected_operators.items():
+                have_uid = info.operators.get(op_id, _MISSING)
+                if have_uid is _MISSING or (have_uid and have_uid != uid):
+                    missing[uid] = op_id
+            if missing:
+                raise MissingOperatorsError(checkpoint_id, missing)
+        epoch = self.epoch
+        if new_range != self.key_groups:
+            epoch = self._pool.acquire_writer(self.job, new_range).epoch
+        with self._snapshot_lock, self._lock:
+            self.key_groups = new_range
+            self.epoch = epoch
+            self.fenced = False
+            self._delta, self._delta_bytes, self._shipping, self._pending = {}, 0, {}, []
+            self._cache.clear()
+            self._generation += 1
+            self._read_checkpoint = checkpoint_id
+            self._parent_id = checkpoint_id
+            self._operators.update({o: u for o, u in info.operators.items() if u or o not in self._operators})
+            if info.state_versions:
+                merged = dict(StateVersionMap.unpack(info.state_versions).items())
+                merged.update(self.state_versions.items())
+                self.state_versions = StateVersionMap(merged)
+        return info
+
+    # -- export -------------------------------------------------------------------------------------
+
+    def _local_changes(self) -> Layer:
+        merged: Layer = {}
+        for _, layer in self._pending:
+            merged.update(layer)
+        merged.update(self._shipping)
+        merged.update(self._delta)
+        return merged
+
+    def export_arrow_snapshot(self) -> bytes:
+        """The canonical snapshot stream of this range: the pool's scan with every local change overlaid."""
+        self._check_open()
+        with self._lock:
+            changes = changelog_table(self._local_changes())
+            checkpoint = self._read_checkpoint
+            ttl_slots = set(self._ttl_slots)
+        lo, hi = self.key_groups
+        if checkpoint is None:
+            table = snapshot.filter_key_groups(snapshot.canonical_from_changelog(changes), lo, hi)
+            blob = snapshot.SnapshotArrowWriter(self.state_versions).write(table)
+        else:
+            delta = snapshot.SnapshotArrowWriter(self.state_versions, changelog=True).write(changes) if changes.num_rows else b""
+            blob = self._pool.scan_checkpoint(self.job, checkpoint, key_groups=(lo, hi), delta=delta)
+        if not ttl_slots:
+            return blob
+        snap = snapshot.read_snapshot(blob)
+        expired = ttl_expired_mask(snap.table, ttl_slots, self.config.clock_ms())
+        if not expired.any():
+            return blob
+        kept = snap.table.filter(pc.invert(pa.array(expired)))
+        return snapshot.SnapshotArrowWriter(snap.state_versions, snap.extra_metadata).write(kept)

@@ -1,0 +1,365 @@
+"""PoolClient: the one client module that speaks gRPC; everything it returns or raises is a domain type."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from client.errors import RETRYABLE_CODES, ConflictError, InvalidArgumentError, UnavailableError, error_from_status
+from protos import remote_pool_pb2 as pb
+from protos import remote_pool_pb2_grpc as pb_grpc
+
+KeyGroups = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter for UNAVAILABLE / RESOURCE_EXHAUSTED, bounded attempts."""
+
+    max_attempts: int = 6
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    multiplier: float = 2.0
+
+    def backoff(self, attempt: int, rng: random.Random) -> float:
+        """Sleep before retry number ``attempt`` (0-based): uniform in [0, min(cap, base * mult**attempt)]."""
+        return rng.uniform(0.0, min(self.max_backoff_s, self.initial_backoff_s * self.multiplier**attempt))
+
+
+@dataclass(frozen=True)
+class PoolClientConfig:
+    """How the client talks to a pool: deadlines per call kind, retries, message limits, credentials."""
+
+    call_deadline_s: float = 10.0
+    commit_deadline_s: float = 120.0
+    scan_deadline_s: float = 300.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    max_message_bytes: int = 256 * 1024 * 1024
+    commit_chunk_bytes: int = 1024 * 1024
+    # Bearer token sent as the authorization metadata on every call; None sends none.
+    token: str | None = None
+    # PEM root certificates: set to talk TLS to the pool.
+    tls_root_certificates: bytes | None = None
+    tls_server_name: str | None = None
+    sleep: Callable[[float], None] = time.sleep
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class WriterLease:
+    """A writer epoch for a job's key-group range, and the newest complete checkpoint when it was granted."""
+
+    job: str
+    key_groups: KeyGroups
+    epoch: int
+    latest_checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the pool says about one checkpoint."""
+
+    job: str
+    checkpoint_id: int
+    parent_id: int
+    complete: bool
+    committed_ranges: tuple[KeyGroups, ...]
+    created_at_ms: int
+    num_files: int
+    total_bytes: int
+    num_rows: int
+    operators: dict[int, str]
+    state_versions: str
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """The outcome of a commit: the checkpoint as it now stands, and how many new bytes were written."""
+
+    checkpoint: CheckpointInfo
+    bytes_written: int
+    attempts: int = 1
+    # True when a retry found the checkpoint already committed by this writer's earlier attempt.
+    recovered: bool = False
+
+
+def _range(kg: KeyGroups) -> pb.KeyGroupRange:
+    return pb.KeyGroupRange(lo=int(kg[0]), hi=int(kg[1]))
+
+
+def _info(msg: pb.CheckpointInfo) -> CheckpointInfo:
+    return CheckpointInfo(
+        job=msg.job,
+        checkpoint_id=msg.checkpoint_id,
+        parent_id=msg.parent_id,
+        complete=msg.complete,
+        committed_ranges=tuple((r.lo, r.hi) for r in msg.committed_ranges),
+        created_at_ms=msg.created_at_ms,
+        num_files=msg.num_files,
+        total_bytes=msg.total_bytes,
+        num_rows=msg.num_rows,
+        operators={o.op_id: o.uid for o in msg.operators},
+        state_versions=msg.state_versions,
+    )
+
+
+def _manifest_epochs(manifest: object, lo: int, hi: int) -> set[int]:
+    """Epochs a manifest records next to the key-group range (lo, hi), wherever its JSON keeps them."""
+    found: set[int] = set()
+    stack = [manifest]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "epoch" in node and isinstance(node["epoch"], int):
+                text = json.dumps(node)
+                if f"{lo}" in text and f"{hi}" in text:
+                    found.add(node["epoch"])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
+class PoolClient:
+    """A RemotePool connection: deadlines on every call, retries with backoff and jitter, domain errors only."""
+
+    def __init__(self, address: str, config: PoolClientConfig | None = None) -> None:
+        if not isinstance(address, str) or not address:
+            raise InvalidArgumentError(f"pool address must be a non-empty 'host:port' string, got {address!r}")
+        self.address = address
+        self.config = config or PoolClientConfig()
+        self._rng = random.Random(self.config.seed)
+        options = [
+            ("grpc.max_receive_message_length", self.config.max_message_bytes),
+            ("grpc.max_send_message_length", self.config.max_message_bytes),
+            # reconnect quickly so a pool that comes up late is found by the next retry, not after grpc's 1-120 s backoff
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ]
+        if self.config.tls_root_certificates is not None:
+            if self.config.tls_server_name:
+                options.append(("grpc.ssl_target_name_override", self.config.tls_server_name))
+            creds = grpc.ssl_channel_credentials(root_certificates=self.config.tls_root_certificates)
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = pb_grpc.RemotePoolStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {self.config.token}"),) if self.config.token else None
+        self.calls = 0
+        self.retries = 0
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Callable[[], object], deadline_s: float | None = None) -> object:
+        """Run an idempotent call, retrying retryable codes with full-jitter backoff; map failures to domain errors."""
+        policy = self.config.retry
+        attempt = 0
+        while True:
+            self.calls += 1
+            try:
+                return fn()
+            except grpc.RpcError as exc:
+                code, details = exc.code(), exc.details()
+                if code in RETRYABLE_CODES and attempt + 1 < policy.max_attempts:
+                    self.retries += 1
+                    self.config.sleep(policy.backoff(attempt, self._rng))
+                    attempt += 1
+                    continue
+                err = error_from_status(code, details, what)
+                if code in RETRYABLE_CODES:
+                    err = type(err)(f"{err} (gave up after {attempt + 1} attempt(s))")
+                raise err from None
+
+    def _deadline(self, deadline_s: float | None = None) -> float:
+        return self.config.call_deadline_s if deadline_s is None else deadline_s
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> PoolClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        """Block until the pool answers its health check as SERVING, or raise UnavailableError."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        end = time.monotonic() + timeout_s
+        last = "no answer"
+        while time.monotonic() < end:
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=min(1.0, timeout_s), metadata=self._metadata)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+            except grpc.RpcError as exc:
+                last = f"{exc.code().name}: {exc.details()}"
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return  # a pool without the health service still serves RemotePool
+            time.sleep(0.05)
+        raise UnavailableError(f"pool at {self.address} not ready after {timeout_s:.1f}s ({last})")
+
+    # -- the RemotePool calls -----------------------------------------------------------------------
+
+    def acquire_writer(self, job: str, key_groups: KeyGroups) -> WriterLease:
+        """A fencing epoch for ``job``'s key-group range; fences older writers of overlapping ranges."""
+        req = pb.AcquireWriterRequest(job=job, key_groups=_range(key_groups))
+        resp = self._call(
+            f"acquire writer for job {job!r} key groups {key_groups[0]}-{key_groups[1]}",
+            lambda: self._stub.AcquireWriter(req, timeout=self._deadline(), metadata=self._metadata),
+        )
+        return WriterLease(job, (int(key_groups[0]), int(key_groups[1])), resp.epoch, resp.latest_checkpoint_id)
+
+    def commit_checkpoint(
+        self,
+        job: str,
+        checkpoint_id: int,
+        parent_id: int,
+        key_groups: KeyGroups,
+        epoch: int,
+        delta: bytes | memoryview,
+        state_versions: str = "",
+        operators: dict[int, str] | None = None,
+    ) -> CommitResult:
+        """Stream a changelog delta in ~1 MiB chunks and commit it; never blindly repeated.
+
+        A retry happens only after UNAVAILABLE / RESOURCE_EXHAUSTED; when the retry is answered with a conflict
+        the earlier attempt may have landed, so the pool is asked whether this writer (range and epoch) committed it.
+        FAILED_PRECONDITION (fenced) and every other error are raised at once.
+        """
+        header = pb.CommitHeader(
+            job=job,
+            checkpoint_id=checkpoint_id,
+            parent_id=parent_id,
+            key_groups=_range(key_groups),
+            epoch=epoch,
+            state_versions=state_versions,
+            operators=[pb.OperatorInfo(op_id=o, uid=u or "") for o, u in sorted((operators or {}).items())],
+        )
+        view = memoryview(delta)
+        step = max(1, int(self.config.commit_chunk_bytes))
+
+        def chunks() -> Iterator[pb.CommitChunk]:
+            yield pb.CommitChunk(header=header)
+            for start in range(0, len(view), step):
+                yield pb.CommitChunk(delta=bytes(view[start : start + step]))
+
+        what = f"commit checkpoint {checkpoint_id} of job {job!r} key groups {key_groups[0]}-{key_groups[1]}"
+        policy = self.config.retry
+        attempt = 0
+        outcome_unknown = False
+        while True:
+            self.calls += 1
+            try:
+                resp = self._stub.CommitCheckpoint(chunks(), timeout=self.config.commit_deadline_s, metadata=self._metadata)
+                return CommitResult(_info(resp.checkpoint), resp.bytes_written, attempts=attempt + 1)
+            except grpc.RpcError as exc:
+                code, details = exc.code(), exc.details()
+                if outcome_unknown and code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.ABORTED):
+                    info = self._committed_by(job, checkpoint_id, key_groups, epoch)
+                    if info is not None:
+                        return CommitResult(info, 0, attempts=attempt + 1, recovered=True)
+                    raise ConflictError(f"{what}: {details} (an earlier attempt failed, and the committed range is not this writer's)") from None
+                if code in RETRYABLE_CODES and attempt + 1 < policy.max_attempts:
+                    self.retries += 1
+                    outcome_unknown = True
+                    self.config.sleep(policy.backoff(attempt, self._rng))
+                    attempt += 1
+                    continue
+                err = error_from_status(code, details, what)
+                if code in RETRYABLE_CODES:
+                    err = type(err)(f"{err} (gave up after {attempt + 1} attempt(s))")
+                raise err from None
+
+    def _committed_by(self, job: str, checkpoint_id: int, key_groups: KeyGroups, epoch: int) -> CheckpointInfo | None:
+        """The checkpoint if this range is committed in it and (where the manifest records epochs) with this epoch."""
+        lo, hi = key_groups
+        for info in self.list_checkpoints(job, include_incomplete=True):
+            if info.checkpoint_id != checkpoint_id:
+                continue
+            if not any(r_lo <= lo and hi <= r_hi for r_lo, r_hi in info.committed_ranges) and not info.complete:
+                return None
+            try:
+                _, manifest_json = self.describe_checkpoint(job, checkpoint_id)
+                epochs = _manifest_epochs(json.loads(manifest_json), lo, hi) if manifest_json else set()
+            except Exception:  # noqa: BLE001  # an incomplete checkpoint may have no manifest yet: range match decides
+                epochs = set()
+            return info if not epochs or epoch in epochs else None
+        return None
+
+    def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes) -> bytes | None:
+        """The value of one key at a checkpoint (0: newest complete), None when absent."""
+        req = pb.GetRequest(job=job, checkpoint_id=checkpoint_id, op_id=op_id, key_bytes=key)
+        resp = self._call(f"get from job {job!r} checkpoint {checkpoint_id}", lambda: self._stub.Get(req, timeout=self._deadline(), metadata=self._metadata))
+        return resp.value if resp.found else None
+
+    def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes]) -> list[bytes | None]:
+        """Values of many keys in one call, in order; ``op_ids`` is one per key or a single shared one."""
+        req = pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=list(op_ids), keys=list(keys))
+        resp = self._call(
+            f"multi-get of {len(keys)} key(s) from job {job!r} checkpoint {checkpoint_id}",
+            lambda: self._stub.MultiGet(req, timeout=self._deadline(), metadata=self._metadata),
+        )
+        if len(resp.found) != len(keys) or len(resp.values) not in (len(keys), 0):
+            raise UnavailableError(f"pool answered a multi-get of {len(keys)} key(s) with {len(resp.found)} result(s)")
+        values = resp.values
+        return [values[i] if hit else None for i, hit in enumerate(resp.found)]
+
+    def scan_checkpoint(
+        self,
+        job: str,
+        checkpoint_id: int,
+        key_groups: KeyGroups | None = None,
+        op_ids: Sequence[int] = (),
+        delta: bytes = b"",
+    ) -> bytes:
+        """One canonical snapshot stream for a checkpoint, range and operators, with an optional changelog overlaid."""
+        req = pb.ScanCheckpointRequest(job=job, checkpoint_id=checkpoint_id, op_ids=list(op_ids), delta=delta)
+        if key_groups is not None:
+            req.key_groups.CopyFrom(_range(key_groups))
+
+        def run() -> bytes:
+            stream = self._stub.ScanCheckpoint(req, timeout=self.config.scan_deadline_s, metadata=self._metadata)
+            return b"".join(chunk.data for chunk in stream)
+
+        return self._call(f"scan of job {job!r} checkpoint {checkpoint_id}", run)
+
+    def list_jobs(self) -> list[str]:
+        """Every job the pool holds."""
+        resp = self._call("list jobs", lambda: self._stub.ListJobs(pb.ListJobsRequest(), timeout=self._deadline(), metadata=self._metadata))
+        return list(resp.jobs)
+
+    def list_checkpoints(self, job: str, include_incomplete: bool = False) -> list[CheckpointInfo]:
+        """Checkpoints of a job (complete ones unless asked), as the pool orders them."""
+        req = pb.ListCheckpointsRequest(job=job, include_incomplete=include_incomplete)
+        resp = self._call(
+            f"list checkpoints of job {job!r}", lambda: self._stub.ListCheckpoints(req, timeout=self._deadline(), metadata=self._metadata)
+        )
+        return [_info(c) for c in resp.checkpoints]
+
+    def describe_checkpoint(self, job: str, checkpoint_id: int) -> tuple[CheckpointInfo, str]:
+        """A checkpoint's info and its manifest JSON as stored."""
+        req = pb.DescribeCheckpointRequest(job=job, checkpoint_id=checkpoint_id)
+        resp = self._call(
+            f"describe checkpoint {checkpoint_id} of job {job!r}",
+            lambda: self._stub.DescribeCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
+        )
+        return _info(resp.checkpoint), resp.manifest_json
+
+    def delete_checkpoint(self, job: str, checkpoint_id: int) -> None:
+        """Delete one checkpoint (its files are left to GC)."""
+        req = pb.DeleteCheckpointRequest(job=job, checkpoint_id=checkpoint_id)
+        self._call(
+            f"delete checkpoint {checkpoint_id} of job {job!r}",
+            lambda: self._stub.DeleteCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
+        )
