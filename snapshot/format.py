@@ -147,6 +147,8 @@ def parse_format_version(metadata: Mapping[bytes, bytes]) -> int:
 
 
 def _check_schema(schema: pa.Schema) -> bool:
+    if schema.equals(CANONICAL_SCHEMA):  # fast path: exactly what the writer emits
+        return False
     names = schema.names
     is_changelog = bool(names) and names[0] == "row_kind"
     expected = CHANGELOG_SCHEMA if is_changelog else CANONICAL_SCHEMA
@@ -192,5 +194,7 @@ def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
         bad = pc.sum(pc.greater(table.column("row_kind"), ROW_ERASE).cast(pa.int64())).as_py()
         if bad:
             raise CorruptSnapshotError(f"row_kind has {bad} value(s) outside 0 (materialisation), 1 (put), 2 (erase)")
-    table = table.cast((CHANGELOG_SCHEMA if is_changelog else CANONICAL_SCHEMA).with_metadata(metadata))
+    expected = CHANGELOG_SCHEMA if is_changelog else CANONICAL_SCHEMA
+    if not table.schema.equals(expected):  # only nullability flags can differ here; re-labelling is zero-copy
+        table = pa.Table.from_arrays(table.columns, schema=expected.with_metadata(metadata))
     return Snapshot(table, version, state_versions, metadata, is_changelog)

@@ -40,25 +40,36 @@ def _group_starts(sorted_keys: pa.Array) -> np.ndarray:
     return starts
 
 
+def _all_distinct(values: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether no value repeats (one hash pass)."""
+    return len(pc.unique(values)) == len(values)
+
+
+def _resolve(changelog: pa.Table) -> tuple[pa.Table, bool]:
+    """The replayed changelog, and whether its key_bytes are all distinct (so key_bytes alone identify a row)."""
+    n = changelog.num_rows
+    if n == 0 or _all_distinct(changelog.column("key_bytes")):
+        return changelog, True  # distinct key_bytes imply distinct (op_id, key_bytes): nothing to resolve
+    kinds = changelog.column("row_kind").to_numpy()
+    position = np.arange(n, dtype=np.int64)
+    order = np.where(kinds == ROW_MATERIALISATION, position, position + n)
+    comp = composite_keys(changelog.column("op_id"), changelog.column("key_bytes"))
+    if _all_distinct(comp):
+        return changelog, False
+    keyed = pa.table({"k": comp, "o": pa.array(-order)})
+    idx = pc.sort_indices(keyed, sort_keys=[("k", "ascending"), ("o", "ascending")])
+    sorted_keys = comp.take(idx)
+    first = idx.to_numpy()[_group_starts(sorted_keys)]
+    resolved = changelog.take(pa.array(np.sort(first)))
+    return resolved, _all_distinct(resolved.column("key_bytes"))
+
+
 def replay_changelog(changelog: pa.Table) -> pa.Table:
     """Resolve a changelog to one row per (op_id, key_bytes): the last one after materialisation-first ordering.
 
     The result keeps ``row_kind``, so an erase is still visible to overlay.
     """
-    n = changelog.num_rows
-    if n == 0:
-        return changelog
-    kinds = changelog.column("row_kind").to_numpy()
-    position = np.arange(n, dtype=np.int64)
-    order = np.where(kinds == ROW_MATERIALISATION, position, position + n)
-    comp = composite_keys(changelog.column("op_id"), changelog.column("key_bytes"))
-    if pc.count_distinct(comp).as_py() == n:
-        return changelog
-    keyed = pa.table({"k": comp, "o": pa.array(-order)})
-    idx = pc.sort_indices(keyed, sort_keys=[("k", "ascending"), ("o", "ascending")])
-    sorted_keys = comp.take(idx)
-    first = idx.to_numpy()[_group_starts(sorted_keys)]
-    return changelog.take(pa.array(np.sort(first)))
+    return _resolve(changelog)[0]
 
 
 def canonical_from_changelog(changelog: pa.Table) -> pa.Table:
@@ -68,6 +79,28 @@ def canonical_from_changelog(changelog: pa.Table) -> pa.Table:
     return live.select(["op_id", "key_bytes", "value_bytes"]).cast(CANONICAL_SCHEMA)
 
 
+def _overwritten_rows(base: pa.Table, resolved: pa.Table, keys_distinct: bool) -> np.ndarray:
+    """Indices of base rows whose (op_id, key_bytes) the resolved changelog touches."""
+    resolved_keys = resolved.column("key_bytes").combine_chunks()
+    resolved_ops = resolved.column("op_id").to_numpy()
+    if keys_distinct:
+        # each key_bytes names one changelog row: one hash probe gives its position, then compare op_ids (no composite keys)
+        pos = pc.fill_null(pc.index_in(base.column("key_bytes"), value_set=resolved_keys), -1).to_numpy()
+        cand_idx = np.flatnonzero(pos >= 0)
+        cand_ops = base.column("op_id").take(pa.array(cand_idx)).to_numpy()
+        return cand_idx[resolved_ops[pos[cand_idx]] == cand_ops]
+    candidate = pc.is_in(base.column("key_bytes"), value_set=resolved_keys).to_numpy(zero_copy_only=False)
+    cand_idx = np.flatnonzero(candidate)
+    if cand_idx.size == 0:
+        return cand_idx
+    cand_ops = base.column("op_id").take(pa.array(cand_idx))
+    hit = pc.is_in(
+        composite_keys(cand_ops, base.column("key_bytes").take(pa.array(cand_idx))),
+        value_set=composite_keys(resolved.column("op_id"), resolved_keys),
+    ).to_numpy(zero_copy_only=False)
+    return cand_idx[hit]
+
+
 def overlay(base: pa.Table, changelog: pa.Table) -> pa.Table:
     """Apply a changelog (puts, erases, materialisations) on top of a canonical table."""
     base = base.select(["op_id", "key_bytes", "value_bytes"])
@@ -75,18 +108,12 @@ def overlay(base: pa.Table, changelog: pa.Table) -> pa.Table:
         return base.cast(CANONICAL_SCHEMA)
     if "row_kind" not in changelog.column_names:
         raise InvalidArgumentError("overlay needs a changelog table (row_kind column missing)")
-    resolved = replay_changelog(changelog)
+    resolved, keys_distinct = _resolve(changelog)
     if base.num_rows:
-        candidate = pc.is_in(base.column("key_bytes"), value_set=resolved.column("key_bytes").combine_chunks())
-        cand_idx = np.flatnonzero(candidate.to_numpy(zero_copy_only=False))
-        if cand_idx.size:
-            sub = base.select(["op_id", "key_bytes"]).take(pa.array(cand_idx))
-            hit = pc.is_in(
-                composite_keys(sub.column("op_id"), sub.column("key_bytes")),
-                value_set=composite_keys(resolved.column("op_id"), resolved.column("key_bytes")),
-            ).to_numpy(zero_copy_only=False)
+        drop = _overwritten_rows(base, resolved, keys_distinct)
+        if drop.size:
             keep = np.ones(base.num_rows, dtype=bool)
-            keep[cand_idx[hit]] = False
+            keep[drop] = False
             base = base.filter(pa.array(keep))
     live = resolved.filter(pc.not_equal(resolved.column("row_kind"), ROW_ERASE))
     puts = live.select(["op_id", "key_bytes", "value_bytes"])
