@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from snapshot.errors import CorruptSnapshotError, InvalidArgumentError, UnsupportedFormatVersionError
@@ -168,32 +170,50 @@ def _open_reader(data: Bytesish | pa.NativeFile) -> ipc.RecordBatchStreamReader:
     try:
         source = data if isinstance(data, pa.NativeFile) else pa.BufferReader(data if isinstance(data, pa.Buffer) else pa.py_buffer(data))
         return ipc.open_stream(source)
-    except (pa.ArrowInvalid, OSError, ValueError, TypeError) as exc:
+    except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
         raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from None
+
+
+def _check_offsets(column: pa.ChunkedArray, name: str) -> None:
+    """Refuse binary offsets that decrease or point outside their data (they would make later reads return garbage or crash)."""
+    for chunk in column.chunks:
+        n = len(chunk)
+        _, off_buf, data_buf = chunk.buffers()
+        if n == 0:
+            continue
+        offsets = np.frombuffer(off_buf, dtype=np.int32, count=n + 1, offset=chunk.offset * 4)
+        data_size = data_buf.size if data_buf is not None else 0
+        if offsets[0] < 0 or offsets[-1] > data_size or not (offsets[1:] >= offsets[:-1]).all():
+            raise CorruptSnapshotError(f"{name} has damaged offsets (values outside the {data_size}-byte data buffer or decreasing)")
 
 
 def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
     """The reference reader: check schema, nulls and metadata; return the table and what it declares."""
     reader = _open_reader(data)
-    schema = reader.schema
-    metadata = dict(schema.metadata or {})
+    try:
+        schema = reader.schema
+        metadata = dict(schema.metadata or {})
+        schema.names  # noqa: B018 -- a damaged field name fails to decode here, not later in a caller
+    except (pa.ArrowException, ValueError) as exc:
+        raise CorruptSnapshotError(f"stream schema is damaged: {exc}") from None
     version = parse_format_version(metadata)
     raw_versions = metadata.get(STATE_VERSIONS_KEY)
     state_versions = StateVersionMap.unpack(raw_versions) if raw_versions is not None else StateVersionMap()
     is_changelog = _check_schema(schema)
     try:
         table = reader.read_all()
-    except (pa.ArrowInvalid, OSError, ValueError) as exc:
+        table.validate()  # buffer sizes; the offsets themselves are checked below
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptSnapshotError(f"stream is truncated or damaged: {exc}") from None
     for col, name in zip(table.columns, table.column_names, strict=False):
+        if pa.types.is_binary(col.type):
+            _check_offsets(col, name)
         if col.null_count:
             raise CorruptSnapshotError(f"{name} has {col.null_count} null(s); columns are non-nullable")
     if is_changelog and table.num_rows:
-        import pyarrow.compute as pc
-
-        bad = pc.sum(pc.greater(table.column("row_kind"), ROW_ERASE).cast(pa.int64())).as_py()
-        if bad:
-            raise CorruptSnapshotError(f"row_kind has {bad} value(s) outside 0 (materialisation), 1 (put), 2 (erase)")
+        largest = pc.max(table.column("row_kind")).as_py()
+        if largest > ROW_ERASE:
+            raise CorruptSnapshotError(f"row_kind {largest} is outside 0 (materialisation), 1 (put), 2 (erase)")
     expected = CHANGELOG_SCHEMA if is_changelog else CANONICAL_SCHEMA
     if not table.schema.equals(expected):  # only nullability flags can differ here; re-labelling is zero-copy
         table = pa.Table.from_arrays(table.columns, schema=expected.with_metadata(metadata))
