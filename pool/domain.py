@@ -1,0 +1,83 @@
+"""Domain types of the pool: configuration, key-group ranges, commit requests and checkpoint descriptions (no gRPC)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from snapshot import NUM_KEY_GROUPS
+from snapshot.errors import InvalidArgumentError
+from store.datafile import DEFAULT_SEGMENT_TARGET_BYTES
+
+MAX_CHECKPOINT_ID = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Tuning of one PoolCore: cache size, scan chunking, job-id limit, data-file segment size, CAS retry bound."""
+
+    cache_bytes: int = 256 << 20
+    scan_chunk_bytes: int = 1 << 20
+    max_job_id_bytes: int = 128
+    segment_target_bytes: int = DEFAULT_SEGMENT_TARGET_BYTES
+    max_cas_attempts: int = 64
+
+
+@dataclass(frozen=True)
+class KeyGroupRange:
+    """An inclusive key-group range, validated 0 <= lo <= hi <= 127."""
+
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        lo, hi = self.lo, self.hi
+        if isinstance(lo, bool) or isinstance(hi, bool) or not isinstance(lo, int) or not isinstance(hi, int) or not 0 <= lo <= hi < NUM_KEY_GROUPS:
+            raise InvalidArgumentError(f"key-group range {lo}-{hi} must satisfy 0 <= lo <= hi <= {NUM_KEY_GROUPS - 1}")
+
+    def overlaps(self, other: KeyGroupRange) -> bool:
+        """Whether the two ranges share a key group."""
+        return self.lo <= other.hi and other.lo <= self.hi
+
+    def __str__(self) -> str:
+        return f"{self.lo}-{self.hi}"
+
+
+FULL_RANGE = KeyGroupRange(0, NUM_KEY_GROUPS - 1)
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """One subtask's commit of its key-group range of checkpoint N (the delta arrives separately as chunks)."""
+
+    job: str
+    checkpoint_id: int
+    parent_id: int
+    key_groups: KeyGroupRange
+    epoch: int
+    state_versions: str = ""
+    operators: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A checkpoint as listed: complete once its _metadata exists; files, bytes and rows count every referenced file."""
+
+    job: str
+    checkpoint_id: int
+    parent_id: int
+    complete: bool
+    committed_ranges: tuple[KeyGroupRange, ...]
+    created_at_ms: int
+    num_files: int
+    total_bytes: int
+    num_rows: int
+    operators: tuple[tuple[int, str], ...]
+    state_versions: str
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a commit did: the checkpoint as it now stands and the bytes this commit wrote to the store."""
+
+    checkpoint: CheckpointInfo
+    bytes_written: int

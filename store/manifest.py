@@ -1,0 +1,288 @@
+"""Checkpoint manifests and parts: JSON with relative paths only, parsed strictly (CorruptDataError naming the file)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from snapshot import NUM_KEY_GROUPS, StateVersionMap
+from snapshot.errors import CorruptDataError, CorruptSnapshotError, InvalidArgumentError
+from store.datafile import KIND_BASE, KIND_DELTA, DataFile, Segment
+from store.objects import validate_key
+
+MANIFEST_FORMAT = "clink.checkpoint-manifest"
+PART_FORMAT = "clink.checkpoint-part"
+MANIFEST_VERSION = 1
+_U64 = (1 << 64) - 1
+
+
+def job_prefix(job: str) -> str:
+    """Store key of a job's folder (with trailing '/')."""
+    return f"jobs/{job}/"
+
+
+def writers_key(job: str) -> str:
+    """Store key of a job's fencing epochs."""
+    return f"jobs/{job}/writers"
+
+
+def checkpoint_prefix(job: str, checkpoint_id: int) -> str:
+    """Store key prefix of checkpoint N (with trailing '/')."""
+    return f"jobs/{job}/chk-{checkpoint_id}/"
+
+
+def metadata_key(job: str, checkpoint_id: int) -> str:
+    """Store key of the complete manifest: its existence is the commit."""
+    return f"jobs/{job}/chk-{checkpoint_id}/_metadata"
+
+
+def part_key(job: str, checkpoint_id: int, kg_lo: int, kg_hi: int) -> str:
+    """Store key of one subtask's contribution to checkpoint N."""
+    return f"jobs/{job}/chk-{checkpoint_id}/parts/{kg_lo}-{kg_hi}.json"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One committed key-group range of a checkpoint: its writer's epoch and its layers (file paths, oldest first)."""
+
+    kg_lo: int
+    kg_hi: int
+    epoch: int
+    parent_id: int
+    layers: tuple[tuple[str, ...], ...]
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        """Whether this part's range meets lo..hi."""
+        return self.kg_lo <= hi and lo <= self.kg_hi
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A checkpoint manifest (format MANIFEST_FORMAT, complete) or one part file (PART_FORMAT, a single part)."""
+
+    format: str
+    job: str
+    checkpoint_id: int
+    parent_id: int
+    created_at_ms: int
+    operators: tuple[tuple[int, str], ...]
+    state_versions: str
+    parts: tuple[Part, ...]
+    files: tuple[DataFile, ...]
+    _by_path: dict[str, DataFile] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_path", {f.path: f for f in self.files})
+
+    @property
+    def complete(self) -> bool:
+        """True for a _metadata manifest."""
+        return self.format == MANIFEST_FORMAT
+
+    def file(self, path: str) -> DataFile:
+        """The entry of a referenced data file."""
+        return self._by_path[path]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every referenced data file."""
+        return sum(f.size for f in self.files)
+
+    @property
+    def total_rows(self) -> int:
+        """Rows stored in every referenced data file (layers overlap, so not the live row count)."""
+        return sum(f.rows for f in self.files)
+
+    def to_json(self) -> bytes:
+        """Deterministic JSON (sorted keys): equal manifests are equal bytes."""
+        return json.dumps(_manifest_dict(self), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _segment_dict(s: Segment) -> dict[str, Any]:
+    lo_hi: dict[str, Any] = {"kg_lo": "op", "kg_hi": "op"} if s.operator else {"kg_lo": s.kg_lo, "kg_hi": s.kg_hi}
+    return {**lo_hi, "offset": s.offset, "length": s.length, "rows": s.rows, "crc32": s.crc32}
+
+
+def _file_dict(f: DataFile) -> dict[str, Any]:
+    return {
+        "path": f.path,
+        "kind": f.kind,
+        "kg_lo": f.kg_lo,
+        "kg_hi": f.kg_hi,
+        "rows": f.rows,
+        "size": f.size,
+        "sha256": f.sha256,
+        "segments": [_segment_dict(s) for s in f.segments],
+    }
+
+
+def _manifest_dict(m: Manifest) -> dict[str, Any]:
+    return {
+        "format": m.format,
+        "version": MANIFEST_VERSION,
+        "job": m.job,
+        "checkpoint_id": m.checkpoint_id,
+        "parent_id": m.parent_id,
+        "created_at_ms": m.created_at_ms,
+        "operators": [{"op_id": o, "uid": u} for o, u in m.operators],
+        "state_versions": m.state_versions,
+        "parts": [
+            {"kg_lo": p.kg_lo, "kg_hi": p.kg_hi, "epoch": p.epoch, "parent_id": p.parent_id, "layers": [list(layer) for layer in p.layers]}
+            for p in m.parts
+        ],
+        "files": [_file_dict(f) for f in sorted(m.files, key=lambda f: f.path)],
+    }
+
+
+class _Parser:
+    """Strict field access; every failure is a CorruptDataError naming the manifest and the field."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def fail(self, what: str) -> CorruptDataError:
+        return CorruptDataError(f"manifest {self.name} is malformed: {what}")
+
+    def obj(self, value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(f"{where} must be an object")
+        return value
+
+    def get(self, d: dict[str, Any], key: str, where: str) -> Any:
+        if key not in d:
+            raise self.fail(f"{where}.{key} is missing")
+        return d[key]
+
+    def int_(self, d: dict[str, Any], key: str, where: str, lo: int = 0, hi: int = _U64) -> int:
+        v = self.get(d, key, where)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise self.fail(f"{where}.{key} = {v!r} must be an integer in {lo}..{hi}")
+        return v
+
+    def str_(self, d: dict[str, Any], key: str, where: str) -> str:
+        v = self.get(d, key, where)
+        if not isinstance(v, str):
+            raise self.fail(f"{where}.{key} must be a string")
+        return v
+
+    def list_(self, d: dict[str, Any], key: str, where: str) -> list[Any]:
+        v = self.get(d, key, where)
+        if not isinstance(v, list):
+            raise self.fail(f"{where}.{key} must be a list")
+        return v
+
+    def path(self, value: Any, where: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(f"{where} must be a string path")
+        try:
+            validate_key(value)
+        except InvalidArgumentError:
+            raise self.fail(f"{where} = {value!r} is not a safe relative path") from None
+        if not value.startswith("data/"):
+            raise self.fail(f"{where} = {value!r} must lie under data/")
+        return value
+
+
+def _parse_segment(p: _Parser, raw: Any, where: str, size: int) -> Segment:
+    d = p.obj(raw, where)
+    lo_raw, hi_raw = p.get(d, "kg_lo", where), p.get(d, "kg_hi", where)
+    operator = lo_raw == "op"
+    if operator != (hi_raw == "op"):
+        raise p.fail(f"{where}: kg_lo and kg_hi must both be 'op' or both be key groups")
+    lo = hi = 0
+    if not operator:
+        lo = p.int_(d, "kg_lo", where, 0, NUM_KEY_GROUPS - 1)
+        hi = p.int_(d, "kg_hi", where, lo, NUM_KEY_GROUPS - 1)
+    offset = p.int_(d, "offset", where)
+    length = p.int_(d, "length", where, 1)
+    if offset + length > size:
+        raise p.fail(f"{where} ends at {offset + length}, past the file size {size}")
+    return Segment(offset, length, p.int_(d, "rows", where), p.int_(d, "crc32", where, 0, 0xFFFFFFFF), lo, hi if not operator else NUM_KEY_GROUPS - 1, operator)
+
+
+def _parse_file(p: _Parser, raw: Any, where: str) -> DataFile:
+    d = p.obj(raw, where)
+    path = p.path(p.get(d, "path", where), f"{where}.path")
+    kind = p.str_(d, "kind", where)
+    if kind not in (KIND_BASE, KIND_DELTA):
+        raise p.fail(f"{where}.kind = {kind!r} must be 'base' or 'delta'")
+    lo = p.int_(d, "kg_lo", where, 0, NUM_KEY_GROUPS - 1)
+    hi = p.int_(d, "kg_hi", where, lo, NUM_KEY_GROUPS - 1)
+    size = p.int_(d, "size", where)
+    sha = p.str_(d, "sha256", where)
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise p.fail(f"{where}.sha256 must be 64 lowercase hex digits")
+    segments = tuple(_parse_segment(p, s, f"{where}.segments[{i}]", size) for i, s in enumerate(p.list_(d, "segments", where)))
+    rows = p.int_(d, "rows", where)
+    if sum(s.rows for s in segments) != rows:
+        raise p.fail(f"{where}: segment rows add up to {sum(s.rows for s in segments)}, file says {rows}")
+    return DataFile(path, kind, lo, hi, rows, size, sha, segments)
+
+
+def parse_manifest(data: bytes, name: str) -> Manifest:
+    """Parse and check a manifest or part; ``name`` (its store key) appears in every error."""
+    p = _Parser(name)
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise p.fail(f"not JSON ({exc})") from None
+    d = p.obj(raw, "top level")
+    fmt = p.str_(d, "format", "top")
+    if fmt not in (MANIFEST_FORMAT, PART_FORMAT):
+        raise p.fail(f"format {fmt!r} is not {MANIFEST_FORMAT!r} or {PART_FORMAT!r}")
+    version = p.int_(d, "version", "top")
+    if version != MANIFEST_VERSION:
+        raise p.fail(f"version {version} is not supported (this reader knows {MANIFEST_VERSION})")
+    job = p.str_(d, "job", "top")
+    checkpoint_id = p.int_(d, "checkpoint_id", "top", 1)
+    parent_id = p.int_(d, "parent_id", "top", 0, checkpoint_id - 1)
+    created = p.int_(d, "created_at_ms", "top")
+    operators = []
+    for i, o in enumerate(p.list_(d, "operators", "top")):
+        od = p.obj(o, f"operators[{i}]")
+        operators.append((p.int_(od, "op_id", f"operators[{i}]"), p.str_(od, "uid", f"operators[{i}]")))
+    state_versions = p.str_(d, "state_versions", "top")
+    try:
+        StateVersionMap.unpack(state_versions)
+    except (CorruptSnapshotError, InvalidArgumentError) as exc:
+        raise p.fail(f"state_versions: {exc}") from None
+    files = tuple(_parse_file(p, f, f"files[{i}]") for i, f in enumerate(p.list_(d, "files", "top")))
+    known = {f.path for f in files}
+    if len(known) != len(files):
+        raise p.fail("files lists a path twice")
+    parts = []
+    for i, raw_part in enumerate(p.list_(d, "parts", "top")):
+        where = f"parts[{i}]"
+        pd = p.obj(raw_part, where)
+        lo = p.int_(pd, "kg_lo", where, 0, NUM_KEY_GROUPS - 1)
+        hi = p.int_(pd, "kg_hi", where, lo, NUM_KEY_GROUPS - 1)
+        layers = []
+        for j, layer in enumerate(p.list_(pd, "layers", where)):
+            if not isinstance(layer, list):
+                raise p.fail(f"{where}.layers[{j}] must be a list of paths")
+            paths = tuple(p.path(x, f"{where}.layers[{j}]") for x in layer)
+            missing = [x for x in paths if x not in known]
+            if missing:
+                raise p.fail(f"{where}.layers[{j}] names {missing[0]}, which files does not describe")
+            layers.append(paths)
+        parts.append(Part(lo, hi, p.int_(pd, "epoch", where, 1), p.int_(pd, "parent_id", where, 0, checkpoint_id - 1), tuple(layers)))
+    parts.sort(key=lambda x: x.kg_lo)
+    for a, b in zip(parts, parts[1:], strict=False):
+        if b.kg_lo <= a.kg_hi:
+            raise p.fail(f"parts {a.kg_lo}-{a.kg_hi} and {b.kg_lo}-{b.kg_hi} overlap")
+    if fmt == PART_FORMAT and len(parts) != 1:
+        raise p.fail(f"a part file must hold exactly one part, found {len(parts)}")
+    if fmt == MANIFEST_FORMAT and not tiles(parts):
+        raise p.fail("parts do not tile key groups 0..127")
+    return Manifest(fmt, job, checkpoint_id, parent_id, created, tuple(operators), state_versions, tuple(parts), files)
+
+
+def tiles(parts: list[Part] | tuple[Part, ...]) -> bool:
+    """Whether sorted parts cover key groups 0..127 exactly once."""
+    expected = 0
+    for part in sorted(parts, key=lambda x: x.kg_lo):
+        if part.kg_lo != expected:
+            return False
+        expected = part.kg_hi + 1
+    return expected == NUM_KEY_GROUPS
