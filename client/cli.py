@@ -1,0 +1,724 @@
+"""The clink command: inspect, diff, query, check and export job state from files, object stores and pools."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from snapshot import ClinkError, InvalidArgumentError, NotFoundError, SnapshotArrowWriter
+
+# exit codes scripts can rely on
+EXIT_OK = 0
+EXIT_VERDICT = 1  # the command ran and the answer is "no": states differ, a check failed, the demo failed
+EXIT_ERROR = 2  # bad usage or the command could not run (unreadable source, corrupt data, unreachable pool)
+EXIT_INTERRUPTED = 130
+
+SOURCES_HELP = """\b
+SRC may be:
+  state.snap                                   a snapshot file (canonical or changelog variant)
+  file:///data/jobs/JOB/chk-7[/_metadata]      a checkpoint in a local store
+  s3://bucket/prefix/jobs/JOB/chk-7            a checkpoint in S3 (--s3-endpoint-url for MinIO, SeaweedFS, moto)
+  file:///data/savepoints/NAME, s3://...       a savepoint
+  grpc://HOST:PORT/JOB[/chk-N]                 a pool: its newest complete checkpoint, or checkpoint N"""
+
+EXIT_HELP = """\b
+Exit codes: 0 success, 1 a negative answer (states differ, a check failed), 2 an error (bad usage, unreadable
+source, corrupt data, unreachable pool); every error is one line on stderr."""
+
+
+def _stdout_console():
+    from rich.console import Console
+
+    stream = sys.stdout
+    interactive = stream.isatty()
+    # a pipe or a file gets a wide, plain table rather than rich's 80-column default
+    return Console(file=stream, width=None if interactive else 200, no_color=not interactive, highlight=False, soft_wrap=False)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(file=sys.stderr, highlight=False)
+
+
+@contextmanager
+def _progress(enabled: bool | None) -> Iterator[Callable[..., object]]:
+    """A rich progress display on stderr (on by default when stderr is a terminal); yields add_task-like steps."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    console = _stderr_console()
+    show = console.is_terminal if enabled is None else enabled
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not show,
+    )
+    with progress:
+
+        def step(description: str, total: float | None = None) -> Callable[[float], None]:
+            task = progress.add_task(description, total=total)
+
+            def advance(amount: float = 1.0) -> None:
+                progress.advance(task, amount)
+
+            return advance
+
+        yield step
+
+
+# --- the group and its one error handler ------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+class ClinkGroup(click.Group):
+    """A click group whose every failure ends as one line on stderr and an exit code from the table above."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: D102
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        code = _run(lambda: super(ClinkGroup, self).main(args, prog_name, complete_var, standalone_mode=False, **extra))
+        sys.exit(code)
+
+
+def _run(invoke: Callable[[], object]) -> int:
+    """Invoke the CLI and map every outcome to an exit code; errors become one line on stderr, never a traceback."""
+    err = sys.stderr
+    try:
+        rv = invoke()
+        return rv if isinstance(rv, int) else EXIT_OK
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help(), file=sys.stdout)
+        return EXIT_OK
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "clink"
+        click.echo(f"{where}: error: {_one_line(exc.format_message())} (see '{where} --help')", file=err)
+        return EXIT_ERROR
+    except click.ClickException as exc:
+        click.echo(f"clink: error: {_one_line(exc.format_message())}", file=err)
+        return EXIT_ERROR
+    except click.Abort:
+        click.echo("clink: interrupted", file=err)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        click.echo("clink: interrupted", file=err)
+        return EXIT_INTERRUPTED
+    except ClinkError as exc:
+        click.echo(f"clink: error: {_one_line(str(exc))}", file=err)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        # the reader went away (clink ... | head): not an error worth a message
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+        return EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, never a traceback
+        click.echo(f"clink: internal error: {type(exc).__name__}: {_one_line(str(exc))}", file=err)
+        return EXIT_ERROR
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    cli.main(args=argv, prog_name="clink")
+
+
+@click.group(
+    cls=ClinkGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+    epilog=SOURCES_HELP + "\n\n" + EXIT_HELP,
+)
+@click.option(
+    "--s3-endpoint-url",
+    envvar="AWS_ENDPOINT_URL",
+    metavar="URL",
+    help="S3 endpoint for s3:// sources (MinIO, SeaweedFS, moto); default: AWS, or $AWS_ENDPOINT_URL.",
+)
+@click.option("--s3-region", envvar="AWS_DEFAULT_REGION", metavar="REGION", help="S3 region (default: $AWS_DEFAULT_REGION).")
+@click.option("--pool-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, help="Seconds per pool call.")
+@click.version_option(package_name="clink-remote-state", prog_name="clink")
+@click.pass_context
+def cli(ctx: click.Context, s3_endpoint_url: str | None, s3_region: str | None, pool_timeout: float) -> None:
+    """Inspect and move clink job state with tools you already know.
+
+    \b
+    Every command reads SRC the same way (see below) and decodes keys as
+    [key group][slot]|[user key]; operator state has no key group.
+    \b
+      clink state-cat state.snap --limit 20
+      clink state-export --from grpc://pool:7070/orders --out state.parquet --format parquet
+      clink state-query s3://bkt/jobs/orders/chk-9 "SELECT slot, count(*) FROM state GROUP BY slot"
+      clink state-diff chk-8.snap chk-9.snap
+      clink check-savepoint file:///data/savepoints/v2 --expect-uid orders-agg
+    """
+    from client.sources import SourceConfig
+
+    ctx.obj = SourceConfig(s3_endpoint_url=s3_endpoint_url or None, s3_region=s3_region or None, pool_timeout_s=pool_timeout)
+
+
+# --- shared options ---------------------------------------------------------------------------------------
+
+
+def _selection_options(fn):
+    fn = click.option(
+        "--op",
+        "ops",
+        multiple=True,
+        metavar="ID",
+        help="Only this operator: an op_id (decimal or 0x-hex) or uid:NAME. Repeatable.",
+    )(fn)
+    fn = click.option(
+        "--key-groups",
+        metavar="LO-HI",
+        help="Only keyed rows of key groups LO..HI (0-127, inclusive); operator-state rows are always kept.",
+    )(fn)
+    return fn
+
+
+def _output_option(fn):
+    return click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Output format.")(fn)
+
+
+def _selection(key_groups: str | None, ops: tuple[str, ...]):
+    from client.sources import Selection, parse_key_groups, parse_op
+
+    return Selection(parse_key_groups(key_groups) if key_groups else None, tuple(parse_op(o) for o in ops))
+
+
+def _load(ctx: click.Context, spec: str, key_groups: str | None = None, ops: tuple[str, ...] = (), progress: bool | None = None):
+    from client.sources import load_source
+
+    selection = _selection(key_groups, ops)
+    with _progress(progress) as step:
+        step(f"reading {spec}")
+        return load_source(spec, ctx.obj, selection)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "0x" + bytes(value).hex()
+    return str(value)
+
+
+def _echo_json(doc: object) -> None:
+    click.echo(json.dumps(doc, indent=2, default=_json_default, ensure_ascii=False))
+
+
+def _op_label(op_id: int, operators: dict[int, str | None]) -> str:
+    uid = operators.get(op_id)
+    return f"{uid} ({op_id})" if uid else str(op_id)
+
+
+# --- state-cat --------------------------------------------------------------------------------------------
+
+
+@cli.command(
+    "state-cat",
+    epilog="""\b
+Examples:
+  clink state-cat state.snap                       first 50 entries, sorted by operator and key
+  clink state-cat state.snap --slot count -n 0     every entry of slot "count"
+  clink state-cat grpc://127.0.0.1:7070/orders -o json --limit 5
+
+\b
+User keys render as little-endian int64 when they are 8 bytes, as text when they are printable
+UTF-8, else as 0x-hex; values likewise, cut to --width characters in text output.
+"""
+    + "\n\n"
+    + SOURCES_HELP,
+)
+@click.argument("src")
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=50, show_default=True, help="Rows to show (0: all).")
+@click.option("--slot", "slots", multiple=True, metavar="NAME", help="Only this slot (repeatable); legacy raw keys are slot <raw>.")
+@click.option("--width", type=click.IntRange(min=4), default=32, show_default=True, help="Characters of each value preview (text output).")
+@_selection_options
+@_output_option
+@click.pass_context
+def state_cat(ctx, src, limit, slots, width, key_groups, ops, output):
+    """Show the entries of SRC as a readable table: operator, key group, slot, user key, value size and preview."""
+    from client.projections import decode_keys, preview, render_bytes
+
+    source = _load(ctx, src, key_groups, ops)
+    table = source.table
+    decoded = decode_keys(table.column("key_bytes"))
+    table = pa.table(
+        {
+            "op_id": table.column("op_id"),
+            "key_bytes": table.column("key_bytes"),
+            "value_bytes": table.column("value_bytes"),
+            "kind": decoded.column("kind"),
+            "key_group": decoded.column("key_group"),
+            "slot": decoded.column("slot"),
+            "user_key": decoded.column("user_key"),
+        }
+    )
+    if slots:
+        table = table.filter(pc.is_in(table.column("slot"), value_set=pa.array(list(slots), pa.string())))
+    total = table.num_rows
+    if total:
+        table = table.take(pc.sort_indices(table, sort_keys=[("op_id", "ascending"), ("key_bytes", "ascending")]))
+    shown = table if limit == 0 else table.slice(0, limit)
+    key_text, _ = render_bytes(shown.column("user_key"))
+    value_text, _ = render_bytes(shown.column("value_bytes"))
+    sizes = pc.binary_length(shown.column("value_bytes"))
+    if output == "json":
+        rows = shown.select(["op_id", "kind", "key_group", "slot"]).to_pylist()
+        for row, key, raw_key, value, size, raw_value in zip(
+            rows,
+            key_text.to_pylist(),
+            shown.column("user_key").to_pylist(),
+            value_text.to_pylist(),
+            sizes.to_pylist(),
+            shown.column("value_bytes").to_pylist(),
+            strict=True,
+        ):
+            row["uid"] = source.operators.get(row["op_id"])
+            row.update(user_key=key, user_key_hex=raw_key.hex(), value_size=size, value=value, value_hex=raw_value.hex())
+        _echo_json({"source": source.label, "total_rows": total, "shown": len(rows), "rows": rows})
+        return EXIT_OK
+    from rich.table import Table
+
+    out = Table(title=f"{source.label}: {total} entr{'y' if total == 1 else 'ies'}", title_justify="left", show_lines=False)
+    for name, justify in (
+        ("operator", "left"),
+        ("kg", "right"),
+        ("slot", "left"),
+        ("user key", "left"),
+        ("size", "right"),
+        ("value", "left"),
+    ):
+        out.add_column(name, justify=justify, overflow="fold")
+    previews = preview(value_text, width).to_pylist()
+    for op, kind, kg, slot, key, size, value in zip(
+        shown.column("op_id").to_pylist(),
+        shown.column("kind").to_pylist(),
+        shown.column("key_group").to_pylist(),
+        shown.column("slot").to_pylist(),
+        key_text.to_pylist(),
+        sizes.to_pylist(),
+        previews,
+        strict=True,
+    ):
+        kg_text = str(kg) if kg is not None else ("op" if kind == "operator" else "-")
+        out.add_row(_op_label(op, source.operators), kg_text, slot, key, str(size), value)
+    console = _stdout_console()
+    console.print(out)
+    if len(previews) < total:
+        console.print(f"showing {len(previews)} of {total} (use --limit 0 for all)")
+    return EXIT_OK
+
+
+# --- state-diff -------------------------------------------------------------------------------------------
+
+
+@cli.command(
+    "state-diff",
+    epilog="""\b
+Examples:
+  clink state-diff before.snap after.snap
+  clink state-diff grpc://pool:7070/orders/chk-8 grpc://pool:7070/orders/chk-9 --limit 0 -o json
+  clink state-diff a.snap b.snap >/dev/null && echo same
+
+\b
+Entries match on (operator, key bytes); a key in B only is added, in A only removed, in both with
+other value bytes changed. Exit code: 0 equal, 1 different, 2 error.
+"""
+    + "\n\n"
+    + SOURCES_HELP,
+)
+@click.argument("a")
+@click.argument("b")
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=20, show_default=True, help="Differing entries to list (0: all).")
+@_selection_options
+@_output_option
+@click.pass_context
+def state_diff(ctx, a, b, limit, key_groups, ops, output):
+    """Compare two states: added, removed and changed entries per operator and slot."""
+    from client.state_diff import diff_tables, rendered_entries
+
+    source_a = _load(ctx, a, key_groups, ops)
+    source_b = _load(ctx, b, key_groups, ops)
+    diff = diff_tables(source_a.table, source_b.table)
+    entries = rendered_entries(diff, None if limit == 0 else limit)
+    counts = diff.counts()
+    operators = {**source_a.operators, **{k: v for k, v in source_b.operators.items() if v}}
+    if output == "json":
+        _echo_json(
+            {
+                "a": source_a.label,
+                "b": source_b.label,
+                "equal": diff.equal,
+                "rows_a": diff.rows_a,
+                "rows_b": diff.rows_b,
+                **counts,
+                "by_slot": diff.summary.to_pylist(),
+                "entries": entries,
+            }
+        )
+        return EXIT_OK if diff.equal else EXIT_VERDICT
+    console = _stdout_console()
+    if diff.equal:
+        console.print(f"equal: {diff.rows_a} entries in both")
+        return EXIT_OK
+    from rich.table import Table
+
+    console.print(f"A: {source_a.label} ({diff.rows_a} entries)\nB: {source_b.label} ({diff.rows_b} entries)")
+    summary = Table(title="differences per operator and slot", title_justify="left")
+    for name in ("operator", "slot", "added", "removed", "changed"):
+        summary.add_column(name, justify="left" if name in ("operator", "slot") else "right")
+    for row in diff.summary.to_pylist():
+        summary.add_row(_op_label(row["op_id"], operators), row["slot"], str(row["added"]), str(row["removed"]), str(row["changed"]))
+    summary.add_row("total", "", str(counts["added"]), str(counts["removed"]), str(counts["changed"]), style="bold")
+    console.print(summary)
+    if entries:
+        listing = Table(
+            title="entries" + (f" (first {len(entries)})" if len(entries) < diff.entries.num_rows else ""), title_justify="left"
+        )
+        for name in ("change", "operator", "slot", "user key", "A", "B"):
+            listing.add_column(name, overflow="fold")
+        for e in entries:
+            listing.add_row(
+                e["change"],
+                _op_label(e["op_id"], operators),
+                e["slot"],
+                e["user_key"],
+                _cut(e["value_a"]),
+                _cut(e["value_b"]),
+            )
+        console.print(listing)
+    return EXIT_VERDICT
+
+
+def _cut(text: str | None, width: int = 40) -> str:
+    if text is None:
+        return "-"
+    return text if len(text) <= width else text[:width] + "…"
+
+
+# --- state-query ------------------------------------------------------------------------------------------
+
+
+@cli.command(
+    "state-query",
+    epilog="""\b
+The table is called state and has the columns
+  op_id UBIGINT, key_group UTINYINT (NULL for operator state and raw keys), slot VARCHAR,
+  user_key BLOB, value_bytes BLOB, kind VARCHAR (keyed|operator|raw),
+  key_text VARCHAR, key_int64 BIGINT, value_size BIGINT, value_text VARCHAR, value_int64 BIGINT
+(text: 8-byte values as little-endian int64, printable UTF-8 as text, else 0x-hex;
+ *_int64: the little-endian int64 reading of 8-byte keys/values, else NULL).
+
+\b
+Examples:
+  clink state-query state.snap "SELECT slot, count(*) AS n FROM state GROUP BY slot ORDER BY n DESC"
+  clink state-query state.snap "SELECT key_int64, value_int64 FROM state WHERE slot = 'count' AND value_int64 > 10"
+  clink state-query grpc://127.0.0.1:7070/orders "SELECT * FROM state WHERE key_group IS NULL" -o json
+"""
+    + "\n\n"
+    + SOURCES_HELP,
+)
+@click.argument("src")
+@click.argument("sql")
+@click.option("--max-rows", type=click.IntRange(min=0), default=1000, show_default=True, help="Rows to print (0: all).")
+@_selection_options
+@_output_option
+@click.pass_context
+def state_query(ctx, src, sql, max_rows, key_groups, ops, output):
+    """Run DuckDB SQL over SRC's query projection (table name: state)."""
+    import duckdb
+
+    from client.projections import query_projection
+
+    source = _load(ctx, src, key_groups, ops)
+    state = query_projection(source.table)
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("state", state)
+        relation = con.sql(sql)
+        # a statement without a result (CREATE, SET, ...) has no relation
+        result = relation.to_arrow_table() if relation is not None else pa.table({})
+    except duckdb.Error as exc:
+        raise InvalidArgumentError(f"query failed: {_one_line(str(exc))}") from None
+    finally:
+        con.close()
+    total = result.num_rows
+    shown = result if max_rows == 0 else result.slice(0, max_rows)
+    rows = shown.to_pylist()
+    if output == "json":
+        _echo_json({"source": source.label, "columns": result.column_names, "total_rows": total, "rows": rows})
+        return EXIT_OK
+    from rich.table import Table
+
+    out = Table(title_justify="left")
+    for name in result.column_names:
+        out.add_column(name, overflow="fold")
+    for row in rows:
+        out.add_row(*[_cell(v) for v in row.values()])
+    console = _stdout_console()
+    console.print(out)
+    console.print(f"{total} row{'s' if total != 1 else ''}" + (f" (showing {len(rows)})" if len(rows) < total else ""))
+    return EXIT_OK
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, (bytes, bytearray)):
+        return "0x" + bytes(value).hex()
+    return str(value)
+
+
+# --- check-savepoint --------------------------------------------------------------------------------------
+
+
+@cli.command(
+    "check-savepoint",
+    epilog="""\b
+Checks, in order: the manifest (for checkpoints and savepoints), every data file's presence and
+checksum (each bad file is named), each stream's format version and state versions, the key
+layout (key-group byte = FNV-1a(user key) mod 128, 0xFF operator prefix, slot names), and the
+operators: present but not expected, or expected but absent (the silent uid-mismatch trap).
+
+\b
+Examples:
+  clink check-savepoint file:///data/savepoints/release-7 --expect-uid orders-agg --expect-uid enricher
+  clink check-savepoint s3://bkt/clink/jobs/orders/chk-42 --expect-op 0x1f2e3d4c5b6a7988
+  clink check-savepoint state.snap -o json
+
+\b
+Exit code: 0 every check passed, 1 a check failed, 2 usage error or source not found.
+"""
+    + "\n\n"
+    + SOURCES_HELP,
+)
+@click.argument("src")
+@click.option(
+    "--expect-op", "expect_ops", multiple=True, metavar="ID", help="An operator that must be present: op_id (decimal, 0x-hex) or uid:NAME."
+)
+@click.option(
+    "--expect-uid", "expect_uids", multiple=True, metavar="UID", help="An operator uid that must be present (op_id = SHA-256 of the uid)."
+)
+@_output_option
+@click.pass_context
+def check_savepoint(ctx, src, expect_ops, expect_uids, output):
+    """Check that SRC can be restored: format, versions, key layout, files, checksums and operators."""
+    from client.savepoint_check import FAIL, PASS, WARN, check_source
+    from client.sources import parse_op
+
+    ops = [parse_op(o) for o in expect_ops]
+    with _progress(None) as step:
+        step(f"checking {src}")
+        report = check_source(src, ctx.obj, ops, list(expect_uids))
+    if output == "json":
+        _echo_json(report.as_dict())
+        return EXIT_OK if report.passed else EXIT_VERDICT
+    from rich.table import Table
+
+    console = _stdout_console()
+    out = Table(title=f"{report.source}: {report.rows} entries, {report.files_checked} file(s) checked", title_justify="left")
+    for name in ("check", "status", "file", "detail"):
+        out.add_column(name, overflow="fold")
+    styles = {PASS: "green", FAIL: "bold red", WARN: "yellow"}
+    for f in report.findings:
+        out.add_row(f.check, f"[{styles.get(f.status, 'dim')}]{f.status.upper()}[/]", f.path or "", f.detail)
+    console.print(out)
+    failed = sum(1 for f in report.findings if f.status == FAIL)
+    console.print("PASS" if report.passed else f"FAIL: {failed} problem(s)")
+    return EXIT_OK if report.passed else EXIT_VERDICT
+
+
+# --- state-export -----------------------------------------------------------------------------------------
+
+
+@cli.command(
+    "state-export",
+    epilog="""\b
+Formats:
+  arrow    the canonical snapshot stream (restorable; any Arrow reader opens it)
+  parquet  op_id uint64, key_group uint8 (NULL for operator state and raw keys), slot utf8,
+           user_key binary, value_bytes binary; clink.format_version and clink.state_versions
+           in the file's key-value metadata (a derived projection, not restorable)
+  iceberg  the same five columns as an Iceberg table (op_id bit-cast to long, key_group int)
+           in the catalog you name; a local SQL catalog needs no server
+
+\b
+Examples:
+  clink state-export --from state.snap --out state.parquet
+  clink state-export --from grpc://127.0.0.1:7070/orders --out orders.arrow --key-groups 0-63
+  clink state-export --from s3://bkt/jobs/orders/chk-9 --format iceberg \\
+      --catalog-uri sqlite:////tmp/cat.db --warehouse file:///tmp/wh --table clink.orders
+  duckdb -c "SELECT slot, count(*) FROM 'state.parquet' GROUP BY slot"
+
+\b
+Files are written to a temporary name and renamed into place: a failed export leaves no partial file.
+"""
+    + "\n\n"
+    + SOURCES_HELP,
+)
+@click.option("--from", "src", required=True, metavar="SRC", help="Where the state comes from (see below).")
+@click.option("--out", "dst", metavar="DST", help="Output file (arrow, parquet; '-' writes the arrow stream to stdout).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["arrow", "parquet", "iceberg"]),
+    help="Output format; default: from --out's suffix (.parquet, else arrow), iceberg when --table is given.",
+)
+@_selection_options
+@click.option("--catalog-uri", metavar="URI", help="Iceberg: SQL catalog URI, e.g. sqlite:////tmp/catalog.db.")
+@click.option("--warehouse", metavar="URI", help="Iceberg: warehouse location, e.g. file:///tmp/warehouse.")
+@click.option("--table", "table_name", metavar="NS.NAME", help="Iceberg: table identifier (namespace created if missing).")
+@click.option("--catalog-name", default="clink", show_default=True, help="Iceberg: catalog name.")
+@click.option(
+    "--if-exists",
+    type=click.Choice(["fail", "replace", "append"]),
+    default="fail",
+    show_default=True,
+    help="Iceberg: what to do when the table exists.",
+)
+@click.option("--row-group-rows", type=click.IntRange(min=1), default=1 << 17, show_default=True, help="Parquet: rows per row group.")
+@click.option("--progress/--no-progress", default=None, help="Progress bars on stderr (default: when stderr is a terminal).")
+@_output_option
+@click.pass_context
+def state_export(
+    ctx, src, dst, fmt, key_groups, ops, catalog_uri, warehouse, table_name, catalog_name, if_exists, row_group_rows, progress, output
+):
+    """Export SRC as an Arrow snapshot stream, a Parquet file or an Iceberg table."""
+    fmt = fmt or _infer_format(dst, table_name)
+    if fmt in ("arrow", "parquet") and not dst:
+        raise click.UsageError(f"--out is required for --format {fmt}")
+    if fmt == "iceberg":
+        missing = [name for name, value in (("--catalog-uri", catalog_uri), ("--table", table_name)) if not value]
+        if missing:
+            raise click.UsageError(f"--format iceberg needs {' and '.join(missing)}")
+        if dst:
+            raise click.UsageError("--out does not apply to --format iceberg (the catalog decides where files go)")
+    if dst == "-" and fmt != "arrow":
+        raise click.UsageError("only --format arrow can be written to stdout")
+    selection = _selection(key_groups, ops)
+    from client.sources import load_source
+
+    with _progress(progress) as step:
+        step(f"reading {src}")
+        source = load_source(src, ctx.obj, selection)
+        rows = source.table.num_rows
+        if fmt == "arrow":
+            written = _export_arrow(source, dst, step)
+            where = dst
+        elif fmt == "parquet":
+            written = _export_parquet(source, dst, row_group_rows, step)
+            where = dst
+        else:
+            written, where = _export_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if_exists, step)
+    summary = {"source": source.label, "format": fmt, "out": where, "rows": rows, "bytes": written}
+    if output == "json":
+        if dst != "-":
+            _echo_json(summary)
+    else:
+        size = f", {written} bytes" if written is not None else ""
+        click.echo(f"exported {rows} entries from {source.label} to {where} ({fmt}{size})", err=dst == "-")
+    return EXIT_OK
+
+
+def _infer_format(dst: str | None, table_name: str | None) -> str:
+    if table_name and not dst:
+        return "iceberg"
+    if dst and Path(dst).suffix.lower() in (".parquet", ".pq"):
+        return "parquet"
+    return "arrow"
+
+
+@contextmanager
+def _atomic_output(dst: str) -> Iterator[str]:
+    """A temporary path beside ``dst`` that replaces it only when the block finishes without error."""
+    target = Path(dst).expanduser()
+    if target.is_dir():
+        raise InvalidArgumentError(f"--out {dst} is a directory; give a file name")
+    if not target.parent.exists():
+        raise NotFoundError(f"--out {dst}: directory {target.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _export_arrow(source, dst: str, step) -> int | None:
+    writer = SnapshotArrowWriter(source.state_versions, source.extra_metadata)
+    advance = step("writing arrow stream", total=1)
+    if dst == "-":
+        sink = sys.stdout.buffer
+        writer.write_to(sink, source.table)
+        sink.flush()
+        advance()
+        return None
+    with _atomic_output(dst) as tmp:
+        with pa.OSFile(tmp, "wb") as sink:
+            writer.write_to(sink, source.table)
+        advance()
+    return Path(dst).stat().st_size
+
+
+def _export_parquet(source, dst: str, row_group_rows: int, step) -> int:
+    import pyarrow.parquet as pq
+
+    from client.projections import parquet_projection
+
+    rows = source.table.num_rows
+    projected = parquet_projection(source.table, source.format_version, source.state_versions)
+    advance = step("writing parquet", total=max(rows, 1))
+    with _atomic_output(dst) as tmp:
+        with pq.ParquetWriter(tmp, projected.schema, compression="zstd") as writer:
+            if rows == 0:
+                writer.write_table(projected)
+            for start in range(0, rows, row_group_rows):
+                part = projected.slice(start, row_group_rows)
+                writer.write_table(part, row_group_size=row_group_rows)
+                advance(part.num_rows)
+    return Path(dst).stat().st_size
+
+
+def _export_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if_exists, step) -> tuple[int | None, str]:
+    from client.iceberg_export import write_iceberg
+
+    advance = step("writing iceberg table", total=1)
+    location = write_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if_exists)
+    advance()
+    return None, location
+
+
+# --- demo -------------------------------------------------------------------------------------------------
+
+
+@cli.command("demo", epilog="Example:\n\n  clink demo")
+@click.option("--workdir", type=click.Path(file_okay=False), help="Keep the demo's store here (default: a temporary directory).")
+def demo(workdir):
+    """Run the end-to-end demo: a pool on loopback, a job writing state, checkpoints, restore and export."""
+    try:
+        from client.demo import run_demo
+    except ImportError:
+        click.echo("clink: the demo is not available in this build (client.demo is missing)", err=True)
+        return EXIT_VERDICT
+    code = run_demo(workdir=workdir, echo=click.echo)
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""SRC resolution for the CLI: snapshot files, checkpoints and savepoints on file:// or s3://, and pools over grpc://."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from snapshot import (
+    ClinkError,
+    InvalidArgumentError,
+    NotFoundError,
+    StateVersionMap,
+    canonical_from_changelog,
+    filter_key_groups,
+    operator_id,
+    read_snapshot,
+)
+from snapshot.format import FORMAT_VERSION
+
+METADATA_FILE = "_metadata"
+_CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
+KeyGroups = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """How sources are reached: the S3 endpoint (None: AWS default) and the pool call deadline."""
+
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    pool_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which part of a source to read: a key-group range (operator-state rows always included) and operators."""
+
+    key_groups: KeyGroups | None = None
+    op_ids: tuple[int, ...] = ()
+
+    @property
+    def is_everything(self) -> bool:
+        """True when nothing is filtered out."""
+        return self.key_groups is None and not self.op_ids
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """A parsed SRC: what kind of thing it names and where."""
+
+    kind: str  # "file", "object", "checkpoint", "savepoint" or "pool"
+    spec: str
+    path: str = ""  # local file path, or the object key for "object"
+    store_uri: str = ""  # store root for "object", "checkpoint" and "savepoint"
+    job: str = ""
+    checkpoint_id: int | None = None  # None: the newest complete checkpoint (pools)
+    savepoint: str = ""
+    address: str = ""  # host:port of a pool
+
+    def describe(self) -> str:
+        """A short human name for messages."""
+        if self.kind == "checkpoint":
+            return f"checkpoint {self.checkpoint_id} of job {self.job!r} in {self.store_uri}"
+        if self.kind == "savepoint":
+            return f"savepoint {self.savepoint!r} in {self.store_uri}"
+        if self.kind == "pool":
+            which = f"checkpoint {self.checkpoint_id}" if self.checkpoint_id is not None else "latest checkpoint"
+            return f"{which} of job {self.job!r} on pool {self.address}"
+        return self.spec
+
+
+@dataclass(frozen=True)
+class StateSource:
+    """A source as loaded: its canonical table (selection applied) and what it declares."""
+
+    ref: SourceRef
+    table: pa.Table
+    format_version: int = FORMAT_VERSION
+    state_versions: StateVersionMap = field(default_factory=StateVersionMap)
+    extra_metadata: dict[bytes, bytes] = field(default_factory=dict)
+    # op_id -> uid where a manifest or the pool names it (None: unnamed)
+    operators: dict[int, str | None] = field(default_factory=dict)
+    was_changelog: bool = False
+    checkpoint_id: int | None = None
+
+    @property
+    def label(self) -> str:
+        """Human name of the source."""
+        if self.ref.kind == "pool" and self.checkpoint_id is not None:
+            return f"checkpoint {self.checkpoint_id} of job {self.ref.job!r} on pool {self.ref.address}"
+        return self.ref.describe()
+
+
+# --- parsing --------------------------------------------------------------------------------------------
+
+
+def parse_key_groups(text: str) -> KeyGroups:
+    """'LO-HI' (inclusive) or a single 'N' to a key-group range within 0..127."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text or "")
+    if not m:
+        raise InvalidArgumentError(f"key groups {text!r} must be LO-HI (for example 0-63) or a single key group")
+    lo = int(m.group(1))
+    hi = int(m.group(2)) if m.group(2) is not None else lo
+    if not 0 <= lo <= hi <= 127:
+        raise InvalidArgumentError(f"key groups {text!r} must satisfy 0 <= LO <= HI <= 127")
+    return lo, hi
+
+
+def parse_op(text: str) -> int:
+    """An operator given as a decimal or 0x-hex op_id, or as 'uid:NAME' (op_id derived from the uid)."""
+    text = text.strip()
+    if text.startswith("uid:"):
+        return operator_id(text[4:])
+    try:
+        value = int(text, 16) if text.lower().startswith("0x") else int(text, 10)
+    except ValueError:
+        raise InvalidArgumentError(f"operator {text!r} must be an op_id (decimal or 0x-hex) or uid:NAME") from None
+    if not 0 <= value < 1 << 64:
+        raise InvalidArgumentError(f"operator id {text!r} is outside uint64")
+    return value
+
+
+def _layout(parts: Sequence[str]) -> tuple[int, dict[str, str | int]] | None:
+    """Find .../jobs/<job>/chk-<N> or .../savepoints/<name> at the end of a path; return (index of root end, fields)."""
+    parts = list(parts)
+    if parts and parts[-1] == METADATA_FILE:
+        parts = parts[:-1]
+    if len(parts) >= 3 and parts[-3] == "jobs":
+        m = _CHECKPOINT_DIR.match(parts[-1])
+        if m:
+            return len(parts) - 3, {"job": parts[-2], "checkpoint_id": int(m.group(1))}
+    if len(parts) >= 2 and parts[-2] == "savepoints" and parts[-1]:
+        return len(parts) - 2, {"savepoint": parts[-1]}
+    return None
+
+
+def parse_source(spec: str) -> SourceRef:
+    """Work out what SRC names; nothing is read yet."""
+    if not spec or not spec.strip():
+        raise InvalidArgumentError("source is empty; give a snapshot file, a file:// or s3:// checkpoint, or grpc://HOST:PORT/JOB")
+    if spec.startswith("grpc://"):
+        return _parse_pool(spec)
+    if spec.startswith("s3://"):
+        url = urlsplit(spec)
+        if not url.netloc:
+            raise InvalidArgumentError(f"{spec}: s3 sources are s3://BUCKET/PREFIX/...")
+        parts = [p for p in unquote(url.path).split("/") if p]
+        return _parse_store_path(spec, f"s3://{url.netloc}", parts)
+    if spec.startswith("file://"):
+        url = urlsplit(spec)
+        path = unquote(url.netloc + url.path) if url.netloc not in ("", "localhost") else unquote(url.path)
+        return _parse_local(spec, Path(path))
+    if "://" in spec:
+        scheme = spec.split("://", 1)[0]
+        raise InvalidArgumentError(f"{spec}: unknown source scheme {scheme!r} (use a path, file://, s3:// or grpc://)")
+    return _parse_local(spec, Path(spec))
+
+
+def _parse_pool(spec: str) -> SourceRef:
+    url = urlsplit(spec)
+    if not url.hostname or url.port is None:
+        raise InvalidArgumentError(f"{spec}: pool sources are grpc://HOST:PORT/JOB or grpc://HOST:PORT/JOB/chk-N")
+    parts = [unquote(p) for p in url.path.split("/") if p]
+    checkpoint_id = None
+    if parts and _CHECKPOINT_DIR.match(parts[-1]):
+        checkpoint_id = int(_CHECKPOINT_DIR.match(parts[-1]).group(1))
+        parts = parts[:-1]
+    if not parts:
+        raise InvalidArgumentError(f"{spec}: no job named; pool sources are grpc://HOST:PORT/JOB[/chk-N]")
+    host = url.hostname if ":" not in url.hostname else f"[{url.hostname}]"
+    return SourceRef("pool", spec, job="/".join(parts), checkpoint_id=checkpoint_id, address=f"{host}:{url.port}")
+
+
+def _parse_store_path(spec: str, root: str, parts: list[str]) -> SourceRef:
+    found = _layout(parts)
+    if found is None:
+        if not parts or parts[-1] == METADATA_FILE:
+            raise InvalidArgumentError(f"{spec}: a checkpoint path ends in jobs/<job>/chk-<N> and a savepoint path in savepoints/<name>")
+        store_uri = "/".join([root, *parts[:-1]])
+        return SourceRef("object", spec, path=parts[-1], store_uri=store_uri)
+    cut, fields = found
+    store_uri = "/".join([root, *parts[:cut]])
+    kind = "checkpoint" if "job" in fields else "savepoint"
+    return SourceRef(kind, spec, store_uri=store_uri, **fields)
+
+
+def _parse_local(spec: str, path: Path) -> SourceRef:
+    path = path.expanduser()
+    if path.is_file() and path.name != METADATA_FILE:
+        return SourceRef("file", spec, path=str(path))
+    if path.name == METADATA_FILE or path.is_dir() or not path.suffix:
+        absolute = path.resolve()
+        found = _layout(absolute.parts[1:])
+        if found is not None:
+            cut, fields = found
+            root = Path(absolute.anchor, *absolute.parts[1 : 1 + cut])
+            kind = "checkpoint" if "job" in fields else "savepoint"
+            return SourceRef(kind, spec, store_uri=root.as_uri(), **fields)
+        if path.is_dir():
+            raise InvalidArgumentError(
+                f"{spec}: a directory source must be a checkpoint (jobs/<job>/chk-<N>) or a savepoint (savepoints/<name>)"
+            )
+    if not path.exists():
+        raise NotFoundError(f"{spec}: no such file or directory")
+    return SourceRef("file", spec, path=str(path))
+
+
+# --- loading --------------------------------------------------------------------------------------------
+
+
+def _with_prefix(exc: ClinkError, prefix: str) -> ClinkError:
+    """The same error class with the source named in front, when the class allows a plain message."""
+    if str(exc).startswith(prefix):
+        return exc
+    try:
+        return type(exc)(f"{prefix}: {exc}")
+    except TypeError:
+        return exc
+
+
+def apply_selection(table: pa.Table, selection: Selection) -> pa.Table:
+    """Filter a canonical table by operator ids and key-group range, vectorised."""
+    if selection.op_ids and table.num_rows:
+        wanted = pa.array(np.asarray(selection.op_ids, dtype=np.uint64), pa.uint64())
+        table = table.filter(pc.is_in(table.column("op_id"), value_set=wanted))
+    if selection.key_groups is not None:
+        table = filter_key_groups(table, *selection.key_groups)
+    return table
+
+
+def snapshot_source(ref: SourceRef, data: bytes | pa.Buffer | pa.NativeFile, selection: Selection) -> StateSource:
+    """A StateSource from snapshot bytes (canonical or changelog variant, which is replayed)."""
+    try:
+        snap = read_snapshot(data)
+    except ClinkError as exc:
+        raise _with_prefix(exc, ref.describe()) from None
+    table = canonical_from_changelog(snap.table) if snap.is_changelog else snap.table
+    table = apply_selection(table, selection)
+    return StateSource(
+        ref,
+        table,
+        snap.format_version,
+        snap.state_versions,
+        snap.extra_metadata,
+        {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {},
+        snap.is_changelog,
+    )
+
+
+def _read_local(ref: SourceRef) -> pa.NativeFile:
+    try:
+        return pa.memory_map(ref.path, "r")
+    except FileNotFoundError:
+        raise NotFoundError(f"{ref.spec}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidArgumentError(f"{ref.spec}: is a directory, not a snapshot file") from None
+    except OSError as exc:
+        raise InvalidArgumentError(f"{ref.spec}: cannot read: {exc.strerror or exc}") from None
+
+
+def store_config(config: SourceConfig):
+    """The StoreConfig for the S3 endpoint the CLI was given."""
+    from store import StoreConfig
+
+    return StoreConfig(endpoint_url=config.s3_endpoint_url, region=config.s3_region)
+
+
+def open_source_store(ref: SourceRef, config: SourceConfig):
+    """The object store holding a checkpoint, savepoint or snapshot object."""
+    from store import open_store
+
+    return open_store(ref.store_uri, store_config(config))
+
+
+def load_source(spec: str, config: SourceConfig | None = None, selection: Selection | None = None) -> StateSource:
+    """Resolve SRC and read it into a canonical table, selection pushed down where the source allows."""
+    config = config or SourceConfig()
+    selection = selection or Selection()
+    ref = parse_source(spec)
+    if ref.kind == "file":
+        return snapshot_source(ref, _read_local(ref), selection)
+    if ref.kind == "object":
+        store = open_source_store(ref, config)
+        try:
+            data = store.get(ref.path)
+        except ClinkError as exc:
+            raise _with_prefix(exc, ref.spec) from None
+        return snapshot_source(ref, data, selection)
+    if ref.kind in ("checkpoint", "savepoint"):
+        return _load_stored(ref, config, selection)
+    return _load_pool(ref, config, selection)
+
+
+def _load_stored(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:
+    from client.stored import read_stored
+
+    return read_stored(ref, open_source_store(ref, config), selection)
+
+
+def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:
+    from client.pool_client import PoolClient, PoolClientConfig
+
+    client_config = PoolClientConfig(call_deadline_s=config.pool_timeout_s, scan_deadline_s=max(config.pool_timeout_s, 60.0))
+    with PoolClient(ref.address, client_config) as client:
+        checkpoints = {c.checkpoint_id: c for c in client.list_checkpoints(ref.job)}
+        if ref.checkpoint_id is None:
+            if not checkpoints:
+                raise NotFoundError(f"job {ref.job!r} on pool {ref.address} has no complete checkpoint")
+            checkpoint_id = max(checkpoints)
+        else:
+            checkpoint_id = ref.checkpoint_id
+        data = client.scan_checkpoint(ref.job, checkpoint_id, selection.key_groups, selection.op_ids)
+        info = checkpoints.get(checkpoint_id)
+    source = snapshot_source(ref, data, Selection(selection.key_groups, selection.op_ids))
+    operators = dict(source.operators)
+    if info is not None:
+        operators.update({int(o): (uid or None) for o, uid in info.operators.items()})
+    return StateSource(
+        ref,
+        source.table,
+        source.format_version,
+        source.state_versions,
+        source.extra_metadata,
+        operators,
+        source.was_changelog,
+        checkpoint_id,
+    )
