@@ -1,0 +1,193 @@
+"""The clink-pool command line: `serve` runs a RemotePool; more subcommands plug in from pool/commands/."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import pkgutil
+import sys
+import time
+
+import click
+
+from snapshot.errors import ClinkError, InvalidArgumentError, NotFoundError, UnavailableError
+
+# Exit codes scripts can rely on (click itself exits 2 on usage errors).
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the store or the listen address is unusable; retrying may help
+
+_COMMANDS_PACKAGE = "pool.commands"
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per log line, for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(level: str, output: str) -> None:
+    """Readable logs on stderr: `time level logger: message`, or JSON lines with --output json."""
+    handler = logging.StreamHandler(sys.stderr)
+    if output == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-5s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def exit_code_for(exc: ClinkError) -> int:
+    """The exit code for a domain error."""
+    if isinstance(exc, UnavailableError):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, NotFoundError):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, InvalidArgumentError):
+        return EXIT_USAGE
+    return EXIT_ERROR
+
+
+def fail(exc: ClinkError) -> None:
+    """Print one clear line (no traceback) and exit with the code for the error."""
+    click.echo(f"clink-pool: error: {exc}", err=True)
+    sys.exit(exit_code_for(exc))
+
+
+class PoolGroup(click.Group):
+    """A click group that also loads every module in pool/commands/, so other parts add subcommands without editing this file."""
+
+    _loaded = False
+
+    def _load_plugins(self) -> None:
+        if PoolGroup._loaded:
+            return
+        PoolGroup._loaded = True
+        try:
+            package = importlib.import_module(_COMMANDS_PACKAGE)
+        except ModuleNotFoundError:
+            return
+        for module in pkgutil.iter_modules(package.__path__):
+            mod = importlib.import_module(f"{_COMMANDS_PACKAGE}.{module.name}")
+            # a plugin module either decorates with @pool.cli.cli.command() or exposes COMMANDS
+            for command in getattr(mod, "COMMANDS", ()):
+                self.add_command(command)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load_plugins()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._load_plugins()
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=PoolGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="clink-remote-state", prog_name="clink-pool")
+def cli() -> None:
+    """Run and operate the RemotePool, the state of record of clink jobs.
+
+    The pool is a stateless gRPC server over an object store (a local directory or an S3 bucket).
+    Several pool processes may serve one bucket at once: they coordinate only through conditional
+    writes in the store.
+
+    \b
+    Start one on the embedded local store:
+      clink-pool serve
+    Serve an S3-compatible bucket (MinIO, SeaweedFS, AWS) with Prometheus metrics:
+      clink-pool serve --store s3://my-bucket/pool --s3-endpoint-url http://127.0.0.1:8333 --metrics-port 9464
+
+    Exit codes: 0 ok, 1 error, 2 bad usage or argument, 3 not found, 69 store or address unavailable.
+    """
+
+
+@cli.command()
+@click.option("--store", "store_uri", default="file://./pool-data", show_default=True, envvar="CLINK_POOL_STORE",
+              help="Where checkpoints live: file://DIR or s3://BUCKET/PREFIX. Env: CLINK_POOL_STORE.")
+@click.option("--listen", default="127.0.0.1:7420", show_default=True, help="gRPC address HOST:PORT (port 0 picks a free one).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on http://METRICS_HOST:PORT/metrics (0 picks a free port). Off when omitted.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics endpoint binds to.")
+@click.option("--s3-endpoint-url", envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"], default=None,
+              help="S3 endpoint for s3:// stores (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL. Default: AWS.")
+@click.option("--s3-region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], default=None, help="S3 region. Env: AWS_REGION, AWS_DEFAULT_REGION.")
+@click.option("--create-bucket/--no-create-bucket", default=False, show_default=True, help="Create the S3 bucket if it does not exist.")
+@click.option("--cache-mb", type=click.IntRange(0), default=256, show_default=True, help="Bytes of data files kept in memory for reads, in MiB.")
+@click.option("--max-workers", type=click.IntRange(1), default=16, show_default=True, help="Concurrent RPCs served at once.")
+@click.option("--max-message-mb", type=click.IntRange(1), default=64, show_default=True, help="Largest gRPC message accepted or sent, in MiB.")
+@click.option("--grace", type=click.FloatRange(0), default=5.0, show_default=True, help="Seconds in-flight calls get to finish on SIGTERM/SIGINT.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Format of the ready line (stdout) and of the logs (stderr).")
+def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: str, s3_endpoint_url: str | None, s3_region: str | None,
+          create_bucket: bool, cache_mb: int, max_workers: int, max_message_mb: int, grace: float, log_level: str, output: str) -> None:
+    """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
+
+    Once listening it prints one ready line on stdout naming the bound address
+    (with --output json: {"event": "serving", "address": ..., "port": ..., "metrics_port": ...}).
+    S3 credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when set, otherwise from
+    boto3's default chain (profile, instance role).
+    """
+    setup_logging(log_level, output)
+    # imported here so `clink-pool --help` stays fast and works without the server's dependencies loaded
+    from pool.domain import PoolConfig
+    from pool.server import PoolServer, PoolServerConfig, stop_on_signals
+    from store.objects import StoreConfig
+
+    store_config = StoreConfig(
+        endpoint_url=s3_endpoint_url,
+        region=s3_region,
+        access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or None,
+        secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or None,
+    )
+    config = PoolServerConfig(
+        store_uri=store_uri,
+        listen=listen,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        max_workers=max_workers,
+        max_message_bytes=max_message_mb << 20,
+        grace_seconds=grace,
+        store=store_config,
+        pool=PoolConfig(cache_bytes=cache_mb << 20),
+    )
+    try:
+        server = PoolServer(config)
+        if create_bucket:
+            make = getattr(server.store, "create_bucket", None)
+            if make is None:
+                raise InvalidArgumentError(f"--create-bucket needs an s3:// store, not {store_uri}")
+            make()
+        server.start()
+    except ClinkError as exc:
+        fail(exc)
+    stop_on_signals(server, grace)
+    if output == "json":
+        click.echo(json.dumps({"event": "serving", "address": server.address, "port": server.port,
+                               "metrics_port": server.metrics_port, "store": server.store.uri}))
+    else:
+        metrics = f", metrics http://{metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
+        click.echo(f"clink-pool: serving on {server.address} (store {server.store.uri}{metrics})")
+    sys.stdout.flush()
+    started = time.monotonic()
+    while not server.wait(timeout=1.0):
+        pass
+    logging.getLogger("clink.pool").info("exiting after %.0fs", time.monotonic() - started)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="clink-pool")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The one table from domain errors to gRPC status codes, applied by one server interceptor."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import grpc
+
+from snapshot.errors import (
+    ChecksumMismatchError,
+    ConflictError,
+    CorruptDataError,
+    CorruptSnapshotError,
+    FencedError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnsupportedFormatVersionError,
+)
+
+log = logging.getLogger("clink.pool")
+
+# Looked up along the exception's MRO, so the most specific class wins (CorruptSnapshotError before CorruptDataError).
+# ConflictError maps to ABORTED, not ALREADY_EXISTS: it covers a lost commit race *and* a lost compare-and-swap on the
+# writers file; both mean "a concurrent writer won; re-read and decide", which is what ABORTED says.
+STATUS_BY_ERROR: dict[type[BaseException], grpc.StatusCode] = {
+    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
+    CorruptSnapshotError: grpc.StatusCode.INVALID_ARGUMENT,
+    UnsupportedFormatVersionError: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFoundError: grpc.StatusCode.NOT_FOUND,
+    ChecksumMismatchError: grpc.StatusCode.DATA_LOSS,
+    CorruptDataError: grpc.StatusCode.DATA_LOSS,
+    ConflictError: grpc.StatusCode.ABORTED,
+    FencedError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnavailableError: grpc.StatusCode.UNAVAILABLE,
+    PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
+    UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+}
+
+# Trailing-metadata key carrying the domain error's class name, so a client can re-raise the exact subclass.
+ERROR_CLASS_METADATA_KEY = "clink-error-class"
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The status code for an exception: the table entry of its most specific class, INTERNAL when none matches."""
+    for cls in type(exc).__mro__:
+        code = STATUS_BY_ERROR.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def describe(exc: BaseException) -> str:
+    """The status details for an exception: its message, or its class name when it has none."""
+    text = str(exc)
+    return text if text else type(exc).__name__
+
+
+class RpcObserver(Protocol):
+    """Receives one call per finished RPC (metrics implement this)."""
+
+    def observe(self, method: str, code: grpc.StatusCode, seconds: float, bytes_in: int, bytes_out: int) -> None:
+        """Record one finished RPC."""
+
+
+class _Call:
+    """Book-keeping of one RPC: bytes counted, outcome decided once."""
+
+    __slots__ = ("method", "observer", "started", "bytes_in", "bytes_out", "done")
+
+    def __init__(self, method: str, observer: RpcObserver | None) -> None:
+        self.method = method
+        self.observer = observer
+        self.started = time.perf_counter()
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.done = False
+
+    def finish(self, code: grpc.StatusCode) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.observer is not None:
+            self.observer.observe(self.method, code, time.perf_counter() - self.started, self.bytes_in, self.bytes_out)
+
+    def fail(self, exc: BaseException, context: grpc.ServicerContext) -> None:
+        """Map ``exc`` to a status and abort the RPC with it (always raises)."""
+        if not context.is_active():
+            # the client went away (cancelled, deadline): nothing to tell it, nothing to log as a server fault
+            self.finish(grpc.StatusCode.CANCELLED)
+            raise exc
+        current = _current_code(context)
+        if current is not None and current is not grpc.StatusCode.OK:
+            # the handler already aborted with its own status (e.g. the health service)
+            self.finish(current)
+            raise exc
+        code = status_for(exc)
+        details = describe(exc)
+        if code is grpc.StatusCode.INTERNAL:
+            log.error("%s failed with an unexpected error; the server stays up", self.method, exc_info=exc)
+            details = f"internal error in {self.method}: {type(exc).__name__}: {details}"
+        else:
+            log.info("%s -> %s: %s", self.method, code.name, details)
+            context.set_trailing_metadata(((ERROR_CLASS_METADATA_KEY, type(exc).__name__),))
+        self.finish(code)
+        context.abort(code, details)
+
+
+def _current_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
+    try:
+        return context.code()
+    except (AttributeError, NotImplementedError):
+        return None
+
+
+def _size(message: Any) -> int:
+    try:
+        return message.ByteSize()
+    except AttributeError:
+        return 0
+
+
+class StatusInterceptor(grpc.ServerInterceptor):
+    """Wraps every handler: domain errors become status codes via STATUS_BY_ERROR, and each RPC is reported to an observer."""
+
+    def __init__(self, observer: RpcObserver | None = None) -> None:
+        self.observer = observer
+
+    def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any], handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=self._unary_unary(method, handler.unary_unary))
+        if handler.stream_unary is not None:
+            return handler._replace(stream_unary=self._stream_unary(method, handler.stream_unary))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=self._unary_stream(method, handler.unary_stream))
+        if handler.stream_stream is not None:
+            return handler._replace(stream_stream=self._stream_stream(method, handler.stream_stream))
+        return handler
+
+    def _unary_unary(self, method: str, behavior: Callable) -> Callable:
+        def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
+            call = _Call(method, self.observer)
+            call.bytes_in = _size(request)
+            try:
+                response = behavior(request, context)
+            except Exception as exc:
+                call.fail(exc, context)
+                raise
+            call.bytes_out = _size(response)
+            call.finish(_current_code(context) or grpc.StatusCode.OK)
+            return response
+
+        return wrapped
+
+    def _stream_unary(self, method: str, behavior: Callable) -> Callable:
+        def wrapped(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            call = _Call(method, self.observer)
+            try:
+                response = behavior(_counting(request_iterator, call), context)
+            except Exception as exc:
+                call.fail(exc, context)
+                raise
+            call.bytes_out = _size(response)
+            call.finish(_current_code(context) or grpc.StatusCode.OK)
+            return response
+
+        return wrapped
+
+    def _unary_stream(self, method: str, behavior: Callable) -> Callable:
+        def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            call = _Call(method, self.observer)
+            call.bytes_in = _size(request)
+            yield from _guarded_stream(lambda: behavior(request, context), call, context)
+
+        return wrapped
+
+    def _stream_stream(self, method: str, behavior: Callable) -> Callable:
+        def wrapped(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+            call = _Call(method, self.observer)
+            yield from _guarded_stream(lambda: behavior(_counting(request_iterator, call), context), call, context)
+
+        return wrapped
+
+
+def _counting(request_iterator: Iterator[Any], call: _Call) -> Iterator[Any]:
+    for message in request_iterator:
+        call.bytes_in += _size(message)
+        yield message
+
+
+def _guarded_stream(start: Callable[[], Iterator[Any]], call: _Call, context: grpc.ServicerContext) -> Iterator[Any]:
+    try:
+        for message in start():
+            call.bytes_out += _size(message)
+            yield message
+    except GeneratorExit:
+        # the server closed the stream early (client cancelled)
+        call.finish(grpc.StatusCode.CANCELLED)
+        raise
+    except Exception as exc:
+        call.fail(exc, context)
+        raise
+    call.finish(_current_code(context) or grpc.StatusCode.OK)

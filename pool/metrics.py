@@ -1,0 +1,82 @@
+"""Prometheus metrics of one pool server: requests, latency, bytes in and out, cache and store counters."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+# Latency buckets from 0.5 ms (a cached Get) to 60 s (a large commit or scan).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# Counters the pool core exposes (name in its stats mapping -> metric name and help).
+CORE_COUNTERS: dict[str, tuple[str, str]] = {
+    "cache_hits": ("clink_pool_cache_hits", "Data-file cache hits"),
+    "cache_misses": ("clink_pool_cache_misses", "Data-file cache misses"),
+    "bytes_read": ("clink_pool_store_read_bytes", "Bytes read from the object store"),
+    "bytes_written": ("clink_pool_store_written_bytes", "Bytes written to the object store"),
+}
+
+
+class _CoreStatsCollector(Collector):
+    """Reads the core's counters at scrape time, so the core needs no Prometheus dependency."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, float]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        values = self._stats()
+        for key, (name, help_text) in CORE_COUNTERS.items():
+            if key in values:
+                yield CounterMetricFamily(name, help_text, value=float(values[key]))
+
+
+class PoolMetrics:
+    """One registry per server (tests run several servers in one process); implements the interceptor's RpcObserver."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter("clink_pool_requests", "Finished RPCs by method and status code", ["method", "code"], registry=self.registry)
+        self.latency = Histogram("clink_pool_request_seconds", "RPC latency by method", ["method"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.bytes_in = Counter("clink_pool_received_bytes", "Protobuf bytes received by method", ["method"], registry=self.registry)
+        self.bytes_out = Counter("clink_pool_sent_bytes", "Protobuf bytes sent by method", ["method"], registry=self.registry)
+        self._http: object | None = None
+        self._http_thread: threading.Thread | None = None
+        self.http_port: int | None = None
+
+    def observe(self, method: str, code: grpc.StatusCode, seconds: float, bytes_in: int, bytes_out: int) -> None:
+        """Record one finished RPC (called by the status interceptor)."""
+        self.requests.labels(method, code.name).inc()
+        self.latency.labels(method).observe(seconds)
+        if bytes_in:
+            self.bytes_in.labels(method).inc(bytes_in)
+        if bytes_out:
+            self.bytes_out.labels(method).inc(bytes_out)
+
+    def watch_core(self, stats: Callable[[], Mapping[str, float]]) -> None:
+        """Export the core's cache and store counters, read at scrape time."""
+        self.registry.register(_CoreStatsCollector(stats))
+
+    def render(self) -> bytes:
+        """The exposition text, as the HTTP endpoint serves it."""
+        return generate_latest(self.registry)
+
+    def serve_http(self, host: str, port: int) -> int:
+        """Start the /metrics HTTP endpoint; returns the bound port (port 0 picks a free one)."""
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        self._http, self._http_thread = server, thread
+        self.http_port = server.server_port
+        return self.http_port
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint if it runs."""
+        if self._http is not None:
+            self._http.shutdown()  # type: ignore[attr-defined]
+            self._http.server_close()  # type: ignore[attr-defined]
+            if self._http_thread is not None:
+                self._http_thread.join(timeout=5)
+            self._http = None

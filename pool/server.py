@@ -1,0 +1,159 @@
+"""The RemotePool gRPC server: servicer, health, reflection, status interceptor and metrics around one PoolCore."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from pool.core import PoolCore
+from pool.domain import PoolConfig
+from pool.errors import StatusInterceptor
+from pool.metrics import PoolMetrics
+from pool.servicer import SERVICE_NAME, RemotePoolServicer
+from protos import remote_pool_pb2_grpc as pb_grpc
+from snapshot.errors import InvalidArgumentError, UnavailableError
+from store.objects import ObjectStore, StoreConfig, open_store
+
+log = logging.getLogger("clink.pool")
+
+# 64 MiB each way: a CommitChunk or ScanChunk is ~1 MiB, so this leaves room for a large MultiGet
+# (1,000 values of up to ~60 KiB) or an overlay delta in one ScanCheckpoint request, while still
+# bounding what one message can make the server allocate.
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class PoolServerConfig:
+    """Everything a pool server needs; the CLI builds it from flags and environment, tests build it directly."""
+
+    store_uri: str = "file://./pool-data"
+    listen: str = "127.0.0.1:7420"
+    # None: no metrics endpoint; 0: a free port (see PoolServer.metrics_port).
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    max_workers: int = 16
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    grace_seconds: float = 5.0
+    store: StoreConfig = field(default_factory=StoreConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+
+
+def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Channel/server options shared by the server and by clients that want the same limits."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+class PoolServer:
+    """A running RemotePool: ``start()``, then ``port``; ``stop(grace)`` drains in-flight calls."""
+
+    def __init__(self, config: PoolServerConfig, store: ObjectStore | None = None) -> None:
+        if config.max_workers < 1:
+            raise InvalidArgumentError(f"max_workers must be at least 1, got {config.max_workers}")
+        if config.max_message_bytes < 1 << 20:
+            raise InvalidArgumentError(f"max_message_bytes must be at least 1 MiB (chunks are ~1 MiB), got {config.max_message_bytes}")
+        self.config = config
+        self.store = store if store is not None else open_store(config.store_uri, config.store)
+        self.core = PoolCore(self.store, config.pool)
+        self.metrics = PoolMetrics()
+        self.metrics.watch_core(self._core_stats)
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        self._server: grpc.Server | None = None
+        self._stopped = threading.Event()
+        self.port: int | None = None
+
+    def _core_stats(self) -> dict[str, float]:
+        stats = getattr(self.core, "stats", None)
+        if callable(stats):
+            stats = stats()
+        if stats is None:
+            return {}
+        if not isinstance(stats, dict):
+            stats = {k: getattr(stats, k) for k in dir(stats) if not k.startswith("_") and isinstance(getattr(stats, k), int | float)}
+        return stats
+
+    @property
+    def address(self) -> str:
+        """host:port the server listens on (after start)."""
+        host = self.config.listen.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound metrics HTTP port, None when metrics are off."""
+        return self.metrics.http_port
+
+    def start(self) -> PoolServer:
+        """Bind, register the services and start serving; UnavailableError if the address cannot be bound."""
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="pool-rpc"),
+            interceptors=[StatusInterceptor(self.metrics)],
+            options=grpc_options(self.config.max_message_bytes),
+        )
+        pb_grpc.add_RemotePoolServicer_to_server(RemotePoolServicer(self.core), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+        try:
+            port = server.add_insecure_port(self.config.listen)
+        except RuntimeError as exc:
+            raise UnavailableError(f"cannot listen on {self.config.listen}: {exc}") from None
+        if not port:
+            raise UnavailableError(f"cannot listen on {self.config.listen} (address in use or not local)")
+        self.port = port
+        if self.config.metrics_port is not None:
+            try:
+                self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port)
+            except OSError as exc:
+                raise UnavailableError(f"cannot serve metrics on {self.config.metrics_host}:{self.config.metrics_port}: {exc}") from None
+        server.start()
+        self._server = server
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        metrics = f", metrics on http://{self.config.metrics_host}:{self.metrics_port}/metrics" if self.metrics_port else ""
+        log.info("RemotePool serving on %s (store %s%s)", self.address, self.store.uri, metrics)
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        """Report NOT_SERVING, refuse new calls, let in-flight ones finish for ``grace`` seconds, then close."""
+        if self._server is None or self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.config.grace_seconds if grace is None else grace
+        log.info("RemotePool on %s stopping (grace %.1fs)", self.address, grace)
+        self.health.enter_graceful_shutdown()
+        self._server.stop(grace).wait()
+        self.metrics.close()
+        log.info("RemotePool on %s stopped", self.address)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server terminates (or ``timeout``); True when it has terminated."""
+        if self._server is None:
+            return True
+        # grpc returns True when the wait timed out
+        return not self._server.wait_for_termination(timeout)
+
+    def __enter__(self) -> PoolServer:
+        return self.start() if self._server is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(0)
+
+
+def stop_on_signals(server: PoolServer, grace: float | None = None) -> None:
+    """Make SIGTERM and SIGINT stop ``server`` gracefully (call from the main thread)."""
+
+    def handle(signum: int, _frame: object) -> None:
+        log.info("received %s", signal.Signals(signum).name)
+        threading.Thread(target=server.stop, args=(grace,), name="pool-stop", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)

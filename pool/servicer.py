@@ -1,0 +1,116 @@
+"""The RemotePool gRPC servicer: protobuf in, domain calls, protobuf out; nothing else lives here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+
+from pool.core import PoolCore
+from pool.domain import CheckpointInfo, CommitRequest, KeyGroupRange
+from protos import remote_pool_pb2 as pb
+from protos import remote_pool_pb2_grpc as pb_grpc
+from snapshot.errors import InvalidArgumentError
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RemotePool"].full_name
+
+
+def _range(message: pb.KeyGroupRange) -> KeyGroupRange:
+    return KeyGroupRange(lo=message.lo, hi=message.hi)
+
+
+def _required_range(holder: object, what: str) -> KeyGroupRange:
+    if not holder.HasField("key_groups"):  # type: ignore[attr-defined]
+        raise InvalidArgumentError(f"{what}: key_groups is required (an inclusive range within 0..127)")
+    return _range(holder.key_groups)  # type: ignore[attr-defined]
+
+
+def _info(info: CheckpointInfo) -> pb.CheckpointInfo:
+    return pb.CheckpointInfo(
+        job=info.job,
+        checkpoint_id=info.checkpoint_id,
+        parent_id=info.parent_id,
+        complete=info.complete,
+        committed_ranges=[pb.KeyGroupRange(lo=r.lo, hi=r.hi) for r in info.committed_ranges],
+        created_at_ms=info.created_at_ms,
+        num_files=info.num_files,
+        total_bytes=info.total_bytes,
+        num_rows=info.num_rows,
+        operators=[pb.OperatorInfo(op_id=op_id, uid=uid or "") for op_id, uid in info.operators],
+        state_versions=info.state_versions,
+    )
+
+
+def _commit_request(header: pb.CommitHeader) -> CommitRequest:
+    return CommitRequest(
+        job=header.job,
+        checkpoint_id=header.checkpoint_id,
+        parent_id=header.parent_id,
+        key_groups=_required_range(header, "CommitCheckpoint header"),
+        epoch=header.epoch,
+        state_versions=header.state_versions,
+        operators=tuple((op.op_id, op.uid) for op in header.operators),
+    )
+
+
+def _delta_chunks(chunks: Iterator[pb.CommitChunk]) -> Iterator[bytes]:
+    """The delta bytes of the chunks after the header, handed on one by one (never gathered here)."""
+    for chunk in chunks:
+        part = chunk.WhichOneof("part")
+        if part == "delta":
+            if chunk.delta:
+                yield chunk.delta
+        elif part == "header":
+            raise InvalidArgumentError("CommitCheckpoint: a second header arrived; only the first message may be the header")
+
+
+class RemotePoolServicer(pb_grpc.RemotePoolServicer):
+    """Converts each RPC to one PoolCore call; domain errors are mapped to status codes by pool.errors.StatusInterceptor."""
+
+    def __init__(self, core: PoolCore) -> None:
+        self.core = core
+
+    def AcquireWriter(self, request: pb.AcquireWriterRequest, context: grpc.ServicerContext) -> pb.AcquireWriterResponse:
+        epoch, latest = self.core.acquire_writer(request.job, _required_range(request, "AcquireWriter"))
+        return pb.AcquireWriterResponse(epoch=epoch, latest_checkpoint_id=latest)
+
+    def CommitCheckpoint(self, request_iterator: Iterator[pb.CommitChunk], context: grpc.ServicerContext) -> pb.CommitCheckpointResponse:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("part") != "header":
+            got = "an empty stream" if first is None else f"a {first.WhichOneof('part') or 'empty'} chunk"
+            raise InvalidArgumentError(f"CommitCheckpoint: the first message must be the header, got {got}")
+        result = self.core.commit_checkpoint(_commit_request(first.header), _delta_chunks(request_iterator))
+        return pb.CommitCheckpointResponse(checkpoint=_info(result.checkpoint), bytes_written=result.bytes_written)
+
+    def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
+        found, value, checkpoint_id = self.core.get(request.job, request.checkpoint_id, request.op_id, request.key_bytes)
+        return pb.GetResponse(found=found, value=value, checkpoint_id=checkpoint_id)
+
+    def MultiGet(self, request: pb.MultiGetRequest, context: grpc.ServicerContext) -> pb.MultiGetResponse:
+        keys = list(request.keys)
+        op_ids = list(request.op_ids)
+        if len(op_ids) == 1 and len(keys) > 1:
+            op_ids = op_ids * len(keys)  # the proto allows one op_id shared by every key; the core pairs them
+        found, values, checkpoint_id = self.core.multi_get(request.job, request.checkpoint_id, op_ids, keys)
+        return pb.MultiGetResponse(found=found, values=values, checkpoint_id=checkpoint_id)
+
+    def ScanCheckpoint(self, request: pb.ScanCheckpointRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
+        key_groups = _range(request.key_groups) if request.HasField("key_groups") else None
+        delta = request.delta or None
+        for chunk in self.core.scan(request.job, request.checkpoint_id, key_groups, list(request.op_ids), delta):
+            yield pb.ScanChunk(data=chunk if isinstance(chunk, bytes) else bytes(chunk))
+
+    def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:
+        return pb.ListJobsResponse(jobs=self.core.list_jobs())
+
+    def ListCheckpoints(self, request: pb.ListCheckpointsRequest, context: grpc.ServicerContext) -> pb.ListCheckpointsResponse:
+        infos = self.core.list_checkpoints(request.job, include_incomplete=request.include_incomplete)
+        return pb.ListCheckpointsResponse(checkpoints=[_info(i) for i in infos])
+
+    def DescribeCheckpoint(self, request: pb.DescribeCheckpointRequest, context: grpc.ServicerContext) -> pb.DescribeCheckpointResponse:
+        info, manifest_json = self.core.describe_checkpoint(request.job, request.checkpoint_id)
+        return pb.DescribeCheckpointResponse(checkpoint=_info(info), manifest_json=manifest_json)
+
+    def DeleteCheckpoint(self, request: pb.DeleteCheckpointRequest, context: grpc.ServicerContext) -> pb.DeleteCheckpointResponse:
+        self.core.delete_checkpoint(request.job, request.checkpoint_id)
+        return pb.DeleteCheckpointResponse()
