@@ -86,6 +86,7 @@ class _LruCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(0, int(max_bytes))
         self._entries: OrderedDict[StateKey, bytes | None] = OrderedDict()
+        self._operator_keys: set[StateKey] = set()  # other subtasks write operator state: dropped when the checkpoint moves
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -106,15 +107,27 @@ class _LruCache:
             self.bytes -= _entry_bytes(key, old) + _ENTRY_OVERHEAD
         size = _entry_bytes(key, value) + _ENTRY_OVERHEAD
         if size > self.max_bytes:
+            self._operator_keys.discard(key)
             return
         self._entries[key] = value
         self.bytes += size
+        if key[1][:1] >= b"\x80":
+            self._operator_keys.add(key)
         while self.bytes > self.max_bytes:
             k, v = self._entries.popitem(last=False)
             self.bytes -= _entry_bytes(k, v) + _ENTRY_OVERHEAD
+            self._operator_keys.discard(k)
+
+    def drop_operator_state(self) -> None:
+        for key in self._operator_keys:
+            value = self._entries.pop(key, _MISSING)
+            if value is not _MISSING:
+                self.bytes -= _entry_bytes(key, value) + _ENTRY_OVERHEAD
+        self._operator_keys.clear()
 
     def clear(self) -> None:
         self._entries.clear()
+        self._operator_keys.clear()
         self.bytes = 0
 
     def __len__(self) -> int:
@@ -439,6 +452,8 @@ class RemoteReadBackend:
 
     def _release_pending(self, complete_id: int) -> None:
         """Checkpoint ``complete_id`` is complete: pending deltas up to it are now in the pool; read there."""
+        if self._read_checkpoint is None or complete_id > self._read_checkpoint:
+            self._cache.drop_operator_state()
         keep = []
         for cid, layer in self._pending:
             if cid <= complete_id:

@@ -21,7 +21,7 @@ KeyGroups = tuple[int, int]
 class RetryPolicy:
     """Exponential backoff with full jitter for UNAVAILABLE / RESOURCE_EXHAUSTED, bounded attempts."""
 
-    max_attempts: int = 6
+    max_attempts: int = 8
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     multiplier: float = 2.0
@@ -109,16 +109,14 @@ def _info(msg: pb.CheckpointInfo) -> CheckpointInfo:
 
 
 def _manifest_epochs(manifest: object, lo: int, hi: int) -> set[int]:
-    """Epochs a manifest records next to the key-group range (lo, hi), wherever its JSON keeps them."""
+    """Epochs a manifest records for the part covering key groups lo..hi (parts carry kg_lo, kg_hi, epoch)."""
     found: set[int] = set()
     stack = [manifest]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            if "epoch" in node and isinstance(node["epoch"], int):
-                text = json.dumps(node)
-                if f"{lo}" in text and f"{hi}" in text:
-                    found.add(node["epoch"])
+            if isinstance(node.get("epoch"), int) and node.get("kg_lo") == lo and node.get("kg_hi") == hi:
+                found.add(node["epoch"])
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
@@ -140,7 +138,7 @@ class PoolClient:
             # reconnect quickly so a pool that comes up late is found by the next retry, not after grpc's 1-120 s backoff
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.max_reconnect_backoff_ms", 500),
         ]
         if self.config.tls_root_certificates is not None:
             if self.config.tls_server_name:
@@ -305,7 +303,10 @@ class PoolClient:
 
     def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes]) -> list[bytes | None]:
         """Values of many keys in one call, in order; ``op_ids`` is one per key or a single shared one."""
-        req = pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=list(op_ids), keys=list(keys))
+        op_ids = list(op_ids)
+        if len(op_ids) == 1 and len(keys) != 1:
+            op_ids = op_ids * len(keys)  # the proto allows one shared op_id; pairing them up works with every pool version
+        req = pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=op_ids, keys=list(keys))
         resp = self._call(
             f"multi-get of {len(keys)} key(s) from job {job!r} checkpoint {checkpoint_id}",
             lambda: self._stub.MultiGet(req, timeout=self._deadline(), metadata=self._metadata),

@@ -1,0 +1,170 @@
+"""A hypothesis state machine drives RemoteReadBackends through a real pool on loopback over moto, against a dict model."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+import snapshot
+from client import BackendConfig, InvalidArgumentError, RemoteReadBackend
+from tests.client_fixtures import (
+    EIGHT,
+    FOUR,
+    OFFSET_KEY,
+    OP_COUNT,
+    OP_SOURCE,
+    OP_WINDOW,
+    TWO,
+    Model,
+    in_range,
+    keyed_keys,
+    owner,
+    pool_address,  # noqa: F401  # fixture
+    pool_store,  # noqa: F401  # fixture
+    table_model,
+)
+
+KEYS = keyed_keys(24, seed=7)
+OPS = [OP_COUNT, OP_WINDOW]
+LAYOUTS = {1: [(0, 127)], 2: TWO, 4: FOUR, 8: EIGHT}
+SMALL_CACHE = BackendConfig(cache_bytes=2_000, call_deadline_s=10)  # small enough that eviction happens
+
+
+def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None:  # noqa: F811
+    address = pool_address
+
+    class BackendMachine(RuleBasedStateMachine):
+        """Writes, reads, checkpoints, restores, rescales and exports through the pool; the model is a dict."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.job = f"sm-{uuid.uuid4().hex[:10]}"
+            self.ranges = FOUR
+            self.backends = [RemoteReadBackend.connect(address, self.job, r, SMALL_CACHE) for r in self.ranges]
+            self.current: Model = {}
+            self.committed: dict[int, Model] = {}
+            self.next_id = 1
+            self.offset = 0
+            self.dirty: list[set[tuple[int, bytes]]] = [set() for _ in self.ranges]
+
+        def teardown(self) -> None:
+            for b in self.backends:
+                b.close()
+
+        def _backend_for(self, key: bytes) -> RemoteReadBackend:
+            return self.backends[owner(self.ranges, key)]
+
+        @rule(op=st.sampled_from(OPS), key=st.sampled_from(KEYS), value=st.binary(max_size=12))
+        def put(self, op: int, key: bytes, value: bytes) -> None:
+            self._backend_for(key).put(op, key, value)
+            self.dirty[owner(self.ranges, key)].add((op, key))
+            self.current[(op, key)] = value
+
+        @rule(op=st.sampled_from(OPS), key=st.sampled_from(KEYS))
+        def erase(self, op: int, key: bytes) -> None:
+            self._backend_for(key).erase(op, key)
+            self.dirty[owner(self.ranges, key)].add((op, key))
+            self.current.pop((op, key), None)
+
+        @rule(step=st.integers(1, 1000))
+        def advance_offset(self, step: int) -> None:
+            # operator state (a source offset) is written by subtask 0 only, and only grows
+            self.offset += step
+            self.backends[0].put(OP_SOURCE, OFFSET_KEY, self.offset.to_bytes(8, "little", signed=True))
+            self.dirty[0].add((OP_SOURCE, OFFSET_KEY))
+            self.current[(OP_SOURCE, OFFSET_KEY)] = self.offset.to_bytes(8, "little", signed=True)
+
+        @rule(op=st.sampled_from(OPS), key=st.sampled_from(KEYS))
+        def get(self, op: int, key: bytes) -> None:
+            assert self._backend_for(key).get(op, key) == self.current.get((op, key))
+
+        @rule(op=st.sampled_from(OPS), keys=st.lists(st.sampled_from(KEYS), max_size=10), data=st.data())
+        def get_many(self, op: int, keys: list[bytes], data: st.DataObject) -> None:
+            i = data.draw(st.integers(0, len(self.backends) - 1))
+            lo, hi = self.ranges[i]
+            mine = [k for k in keys if lo <= k[0] <= hi]
+            assert self.backends[i].get_many(op, mine) == [self.current.get((op, k)) for k in mine]
+            others = [k for k in keys if not lo <= k[0] <= hi]
+            if others:
+                with pytest.raises(InvalidArgumentError):
+                    self.backends[i].get_many(op, others)
+
+        @rule()
+        def read_offset(self) -> None:
+            assert self.backends[0].get(OP_SOURCE, OFFSET_KEY) == self.current.get((OP_SOURCE, OFFSET_KEY))
+
+        @rule()
+        def checkpoint(self) -> None:
+            cid = self.next_id
+            self.next_id += 1
+            results = [b.snapshot(cid) for b in self.backends]
+            assert [r.checkpoint.complete for r in results] == [False] * (len(results) - 1) + [True]
+            self.dirty = [set() for _ in self.ranges]
+            self.committed[cid] = dict(self.current)
+
+        @precondition(lambda self: self.committed)
+        @rule(data=st.data())
+        def subtask_fails_and_restores(self, data: st.DataObject) -> None:
+            i = data.draw(st.integers(0, len(self.backends) - 1))
+            latest = max(self.committed)
+            self.backends[i].close()  # unsaved writes are lost with it
+            fresh = RemoteReadBackend.connect(address, self.job, self.ranges[i], SMALL_CACHE)
+            info = fresh.restore()
+            assert info.checkpoint_id == latest and fresh.delta_rows == 0
+            self.backends[i] = fresh
+            self.dirty[i] = set()
+            lo, hi = self.ranges[i]
+            restored = self.committed[latest]
+            for op, key in list(self.current):
+                if lo <= key[0] <= hi or (i == 0 and key[0] >= 128):
+                    del self.current[(op, key)]
+            for (op, key), value in restored.items():
+                if lo <= key[0] <= hi or (i == 0 and key[0] >= 128):
+                    self.current[(op, key)] = value
+            if i == 0:
+                self.offset = int.from_bytes(self.current.get((OP_SOURCE, OFFSET_KEY), bytes(8)), "little", signed=True)
+
+        @precondition(lambda self: self.committed)
+        @rule(parallelism=st.sampled_from(sorted(LAYOUTS)))
+        def rescale(self, parallelism: int) -> None:
+            latest = max(self.committed)
+            new_ranges = LAYOUTS[parallelism]
+            kept = self.backends[: len(new_ranges)]
+            for b in self.backends[len(new_ranges) :]:
+                b.close()
+            for b, r in zip(kept, new_ranges, strict=False):
+                b.restore(key_groups=r)  # re-acquires a writer epoch for the new range
+            fresh = [RemoteReadBackend.connect(address, self.job, r, SMALL_CACHE) for r in new_ranges[len(kept) :]]
+            for b in fresh:
+                b.restore()
+            self.backends = kept + fresh
+            self.ranges = new_ranges
+            self.dirty = [set() for _ in self.ranges]
+            self.current = dict(self.committed[latest])
+            self.offset = int.from_bytes(self.current.get((OP_SOURCE, OFFSET_KEY), bytes(8)), "little", signed=True)
+
+        @rule()
+        def export(self) -> None:
+            blobs = [b.export_arrow_snapshot() for b in self.backends]
+            for b, blob, (lo, hi) in zip(self.backends, blobs, self.ranges, strict=True):
+                snap = snapshot.read_snapshot(blob)
+                assert not snap.is_changelog and snap.format_version == 1
+                got = table_model(snap.table)
+                keyed = {k: v for k, v in got.items() if k[1][0] < 128}
+                assert keyed == {k: v for k, v in in_range(self.current, lo, hi).items() if k[1][0] < 128}
+                if b is self.backends[0]:
+                    assert {k: v for k, v in got.items() if k[1][0] >= 128} == {k: v for k, v in self.current.items() if k[1][0] >= 128}
+            merged = table_model(snapshot.read_snapshot(snapshot.merge_snapshot_bytes(blobs)).table)
+            assert merged == self.current  # greater offset wins the operator-state merge
+
+        @invariant()
+        def delta_holds_exactly_the_unsaved_writes(self) -> None:
+            for b, dirty in zip(self.backends, self.dirty, strict=True):
+                assert b.delta_rows == len(dirty)
+                assert b.delta_bytes == sum(len(k) + len(self.current.get((o, k), b"")) for o, k in dirty)
+
+    run_state_machine_as_test(BackendMachine, settings=settings(max_examples=15, stateful_step_count=25, deadline=None))
