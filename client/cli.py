@@ -210,8 +210,15 @@ def _load(ctx: click.Context, spec: str, key_groups: str | None = None, ops: tup
 
 
 def _json_default(value: object) -> object:
+    from decimal import Decimal
+
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "0x" + bytes(value).hex()
+    if isinstance(value, Decimal):
+        # DuckDB sums of BIGINT are HUGEINT, which Arrow hands over as decimal128(38, 0)
+        return int(value) if value == value.to_integral_value() else float(value)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
     return str(value)
 
 
