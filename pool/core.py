@@ -238,6 +238,28 @@ class PoolCore:
                 )
         return table
 
+    def _parent(self, job: str, parent_id: int, kg: KeyGroupRange) -> Manifest:
+        """The parent's complete manifest, or (checkpoints in flight) its staged, unfenced parts covering this range."""
+        try:
+            return self.reader(job).manifest(parent_id)
+        except NotFoundError:
+            pass
+        writers, _ = self.fencing.read(job)
+        staged = [
+            p for p in self._parts(job, parent_id)
+            if p.parts[0].overlaps(kg.lo, kg.hi) and writers.holds(KeyGroupRange(p.parts[0].kg_lo, p.parts[0].kg_hi), p.parts[0].epoch)
+        ]
+        covered = np.zeros(NUM_KEY_GROUPS, dtype=bool)
+        for p in staged:
+            covered[p.parts[0].kg_lo : p.parts[0].kg_hi + 1] = True
+        if not staged or not covered[kg.lo : kg.hi + 1].all():
+            raise NotFoundError(f"parent checkpoint {parent_id} of job {job} not found (neither complete nor staged for key groups {kg})")
+        staged.sort(key=lambda p: p.parts[0].kg_lo)
+        files = {f.path: f for p in staged for f in p.files}
+        first = staged[0]
+        return Manifest(PART_FORMAT, job, parent_id, first.parent_id, first.created_at_ms, first.operators, first.state_versions,
+                        tuple(p.parts[0] for p in staged), tuple(files.values()))
+
     def _parent_layers(self, job: str, parent: Manifest | None, kg: KeyGroupRange) -> tuple[list[tuple[str, ...]], dict[str, DataFile]]:
         """The parent's layers for this range: parts overlapping it, in key-group order, files that matter here only."""
         if parent is None:
@@ -265,17 +287,11 @@ class PoolCore:
         cid, kg = request.checkpoint_id, request.key_groups
         delta = self._read_delta(request, delta_chunks)
         self.fencing.check(job, kg, request.epoch)
-        reader = self.reader(job)
         if self.store.exists(metadata_key(job, cid)):
             raise ConflictError(f"checkpoint {cid} of job {job} is already complete")
         if self.store.exists(part_key(job, cid, kg.lo, kg.hi)):
             raise ConflictError(f"key groups {kg} of checkpoint {cid} of job {job} were already committed")
-        parent = None
-        if request.parent_id:
-            try:
-                parent = reader.manifest(request.parent_id)
-            except NotFoundError:
-                raise NotFoundError(f"parent checkpoint {request.parent_id} of job {job} not found (or not complete)") from None
+        parent = self._parent(job, request.parent_id, kg) if request.parent_id else None
         layers, files = self._parent_layers(job, parent, kg)
         written = 0
         if delta.num_rows:
@@ -361,14 +377,19 @@ class PoolCore:
         job = self._job(job)
         if key_groups is not None and not isinstance(key_groups, KeyGroupRange):
             raise InvalidArgumentError(f"key_groups must be a KeyGroupRange or None, got {key_groups!r}")
-        manifest = self._resolve(job, checkpoint_id)
-        rng = (key_groups.lo, key_groups.hi) if key_groups else None
-        table = self.reader(job).read_manifest_table(manifest, rng, list(op_ids) or None)
+        snap = None
         if delta:
             try:
                 snap = read_snapshot(delta)
             except (CorruptSnapshotError, UnsupportedFormatVersionError) as exc:
                 raise InvalidArgumentError(f"scan delta is not a valid snapshot stream: {exc}") from None
+        for op in op_ids:
+            if isinstance(op, bool) or not isinstance(op, int) or not 0 <= op <= _U64:
+                raise InvalidArgumentError(f"op_id {op!r} must be a uint64")
+        manifest = self._resolve(job, checkpoint_id)
+        rng = (key_groups.lo, key_groups.hi) if key_groups else None
+        table = self.reader(job).read_manifest_table(manifest, rng, list(op_ids) or None)
+        if snap is not None:
             change = _as_changelog(snap.table.replace_schema_metadata(None), snap.is_changelog)
             if rng:
                 change = filter_key_groups(change, *rng)
