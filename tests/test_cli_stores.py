@@ -1,0 +1,221 @@
+"""The clink CLI on checkpoints in object stores (a local directory and moto S3), and check-savepoint catching damage."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from collections import Counter
+
+import duckdb
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+import snapshot as s
+from store.manifest import job_prefix, metadata_key
+from tests.cli_fixtures import OP_IDS, STATE_VERSIONS, commit_checkpoints, generated_table, one_line_error, rows_of, run, slot_counts
+
+JOB = "orders"
+
+
+@pytest.fixture
+def s3_env(s3_config) -> dict[str, str]:
+    """Environment for a CLI talking to moto: dummy credentials; the endpoint comes from --s3-endpoint-url or AWS_ENDPOINT_URL."""
+    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture
+def two_checkpoints(store):
+    """Checkpoints 1 and 2 of JOB in the (file or S3) store, and their tables."""
+    t1, t2 = generated_table(31, keyed_rows=300), generated_table(32, keyed_rows=350, operator_rows=3)
+    commit_checkpoints(store, JOB, [t1, t2])
+    return store, t1, t2
+
+
+def _args(store, s3_config) -> list[str]:
+    return ["--s3-endpoint-url", s3_config.endpoint_url] if store.uri.startswith("s3://") else []
+
+
+def _chk(store, cid: int, suffix: str = "") -> str:
+    return f"{store.uri}/jobs/{JOB}/chk-{cid}{suffix}"
+
+
+def test_cat_and_export_read_exactly_the_committed_state(two_checkpoints, s3_config, s3_env, tmp_path) -> None:
+    store, t1, t2 = two_checkpoints
+    pre = _args(store, s3_config)
+    for cid, table in ((1, t1), (2, t2)):
+        for suffix in ("", "/_metadata"):
+            out = tmp_path / f"c{cid}.arrow"
+            result = run([*pre, "state-export", "--from", _chk(store, cid, suffix), "--out", str(out)], env=s3_env)
+            assert result.exit_code == 0, result.output
+            back = s.read_snapshot(out.read_bytes())
+            assert rows_of(back.table) == rows_of(table)
+            assert back.state_versions == STATE_VERSIONS
+    result = run([*pre, "state-cat", _chk(store, 2), "--limit", "0", "-o", "json"], env=s3_env)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["total_rows"] == t2.num_rows
+    assert {r["uid"] for r in doc["rows"]} == {"source", "window", "sink"}  # uids come from the manifest
+    assert Counter(r["slot"] for r in doc["rows"]) == slot_counts(t2)
+
+
+def test_diff_between_checkpoints_matches_the_model(two_checkpoints, s3_config, s3_env) -> None:
+    store, t1, t2 = two_checkpoints
+    a, b = rows_of(t1), rows_of(t2)
+    result = run([*_args(store, s3_config), "state-diff", _chk(store, 1), _chk(store, 2), "-o", "json"], env=s3_env)
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert doc["added"] == len(b.keys() - a.keys())
+    assert doc["removed"] == len(a.keys() - b.keys())
+    assert doc["changed"] == sum(1 for k in a.keys() & b.keys() if a[k] != b[k])
+    same = run([*_args(store, s3_config), "state-diff", _chk(store, 2), _chk(store, 2, "/_metadata")], env=s3_env)
+    assert same.exit_code == 0, same.output
+
+
+def test_query_and_parquet_on_a_checkpoint_with_pushdown(two_checkpoints, s3_config, s3_env, tmp_path) -> None:
+    store, _, t2 = two_checkpoints
+    pre = _args(store, s3_config)
+    out = tmp_path / "state.parquet"
+    result = run([*pre, "state-export", "--from", _chk(store, 2), "--out", str(out), "--key-groups", "32-95"], env=s3_env)
+    assert result.exit_code == 0, result.output
+    want = s.filter_key_groups(t2, 32, 95)
+    got = dict(duckdb.connect().execute(f"SELECT slot, count(*) FROM '{out}' GROUP BY slot").fetchall())
+    assert got == dict(slot_counts(want))
+    result = run([*pre, "state-query", _chk(store, 2), "SELECT count(*) AS n FROM state", "--op", "uid:sink", "-o", "json"], env=s3_env)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["rows"][0]["n"] == sum(1 for op, _ in rows_of(t2) if op == OP_IDS["sink"])
+
+
+def test_s3_endpoint_from_environment(make_s3_store, s3_config, s3_env, tmp_path) -> None:
+    store = make_s3_store(prefix="deep/er")
+    table = generated_table(41, keyed_rows=50)
+    commit_checkpoints(store, JOB, [table])
+    result = run(["state-cat", _chk(store, 1), "-o", "json", "--limit", "0"], env={**s3_env, "AWS_ENDPOINT_URL": s3_config.endpoint_url})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["total_rows"] == table.num_rows
+
+
+def test_unknown_checkpoint_and_bucket_are_one_line_errors(two_checkpoints, s3_config, s3_env) -> None:
+    store, _, _ = two_checkpoints
+    result = run([*_args(store, s3_config), "state-cat", _chk(store, 9)], env=s3_env)
+    assert result.exit_code == 2
+    assert "checkpoint 9" in one_line_error(result)
+    result = run([*_args(store, s3_config), "check-savepoint", _chk(store, 9)], env=s3_env)
+    assert result.exit_code == 2
+    one_line_error(result)
+
+
+# --- check-savepoint on stored checkpoints --------------------------------------------------------------------
+
+
+def _manifest(store, cid: int) -> dict:
+    return json.loads(store.get(metadata_key(JOB, cid)))
+
+
+def _put_manifest(store, cid: int, doc: dict) -> None:
+    store.put(metadata_key(JOB, cid), json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _check(store, s3_config, s3_env, cid: int = 2, *extra: str) -> tuple[int, dict]:
+    result = run([*_args(store, s3_config), "check-savepoint", _chk(store, cid), "-o", "json", *extra], env=s3_env)
+    assert "Traceback" not in result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def _fails(doc: dict) -> list[dict]:
+    return [f for f in doc["findings"] if f["status"] == "fail"]
+
+
+def test_check_passes_on_an_intact_checkpoint(two_checkpoints, s3_config, s3_env) -> None:
+    store, _, t2 = two_checkpoints
+    code, doc = _check(store, s3_config, s3_env, 2, "--expect-uid", "source", "--expect-uid", "window", "--expect-uid", "sink")
+    assert code == 0, doc
+    assert doc["rows"] == t2.num_rows and doc["files_checked"] == len(_manifest(store, 2)["files"]) >= 2
+
+
+def test_check_names_a_file_with_a_flipped_byte(two_checkpoints, s3_config, s3_env) -> None:
+    store, _, _ = two_checkpoints
+    victim = _manifest(store, 2)["files"][0]["path"]
+    data = bytearray(store.get(job_prefix(JOB) + victim))
+    data[len(data) // 2] ^= 0x01
+    store.put(job_prefix(JOB) + victim, bytes(data))
+    code, doc = _check(store, s3_config, s3_env)
+    assert code == 1
+    fails = _fails(doc)
+    assert [(f["check"], f["path"]) for f in fails] == [("checksum", victim)]
+    assert "sha256" in fails[0]["detail"]
+    # reading it is refused too, naming the file
+    result = run([*_args(store, s3_config), "state-cat", _chk(store, 2)], env=s3_env)
+    assert result.exit_code == 2 and victim in one_line_error(result)
+
+
+def test_check_names_a_missing_file(two_checkpoints, s3_config, s3_env) -> None:
+    store, _, _ = two_checkpoints
+    files = [f["path"] for f in _manifest(store, 2)["files"]]
+    store.delete(job_prefix(JOB) + files[-1])
+    code, doc = _check(store, s3_config, s3_env)
+    assert code == 1
+    fails = _fails(doc)
+    assert [(f["check"], f["path"]) for f in fails] == [("presence", files[-1])]
+    assert "missing" in fails[0]["detail"]
+
+
+def _restamp(blob: bytes, version: str) -> bytes:
+    """The same stream with clink.format_version replaced."""
+    reader = ipc.open_stream(blob)
+    table = reader.read_all()
+    meta = dict(reader.schema.metadata or {})
+    meta[b"clink.format_version"] = version.encode()
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, table.schema.with_metadata(meta)) as w:
+        for batch in table.to_batches():
+            w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def test_check_names_a_file_with_a_future_format_version(two_checkpoints, s3_config, s3_env) -> None:
+    store, _, _ = two_checkpoints
+    doc = _manifest(store, 2)
+    entry = doc["files"][-1]
+    old = store.get(job_prefix(JOB) + entry["path"])
+    # rewrite every segment with format version 2 and make the manifest's checksums match, so only the version is wrong
+    parts, offset = [], 0
+    for seg in entry["segments"]:
+        blob = _restamp(old[seg["offset"] : seg["offset"] + seg["length"]], "2")
+        seg.update(offset=offset, length=len(blob), crc32=zlib.crc32(blob))
+        parts.append(blob)
+        offset += len(blob)
+    new = b"".join(parts)
+    entry.update(size=len(new), sha256=hashlib.sha256(new).hexdigest())
+    store.put(job_prefix(JOB) + entry["path"], new)
+    _put_manifest(store, 2, doc)
+    code, report = _check(store, s3_config, s3_env)
+    assert code == 1
+    fails = _fails(report)
+    assert [(f["check"], f["path"]) for f in fails] == [("format version", entry["path"])]
+    assert "version 2" in fails[0]["detail"]
+
+
+def test_check_lists_unexpected_and_absent_operators(two_checkpoints, s3_config, s3_env) -> None:
+    store, _, _ = two_checkpoints
+    code, doc = _check(store, s3_config, s3_env, 2, "--expect-uid", "source", "--expect-uid", "window", "--expect-uid", "enricher")
+    assert code == 1
+    details = [f["detail"] for f in _fails(doc)]
+    assert len(details) == 2
+    assert any("'sink'" in d and "present but not expected" in d for d in details)
+    assert any("'enricher'" in d and "expected but absent" in d for d in details)
+    # by op_id as well as by uid
+    code, doc = _check(
+        store, s3_config, s3_env, 2, "--expect-op", str(OP_IDS["source"]), "--expect-op", hex(OP_IDS["window"]), "--expect-op", "uid:sink"
+    )
+    assert code == 0, doc
+
+
+def test_check_reports_a_corrupt_manifest(two_checkpoints, s3_config, s3_env) -> None:
+    store, _, _ = two_checkpoints
+    store.put(metadata_key(JOB, 2), b"{not json")
+    code, doc = _check(store, s3_config, s3_env)
+    assert code == 1
+    fails = _fails(doc)
+    assert fails[0]["check"] == "manifest" and fails[0]["path"] == "_metadata"
