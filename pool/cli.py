@@ -117,6 +117,8 @@ def cli() -> None:
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics on http://METRICS_HOST:PORT/metrics (0 picks a free port). Off when omitted.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics endpoint binds to.")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve GET /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI (Arrow stream) on METRICS_HOST:PORT (0 picks a free port). Off when omitted.")
 @click.option("--s3-endpoint-url", envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"], default=None,
               help="S3 endpoint for s3:// stores (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL. Default: AWS.")
 @click.option("--s3-region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], default=None, help="S3 region. Env: AWS_REGION, AWS_DEFAULT_REGION.")
@@ -128,7 +130,7 @@ def cli() -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Format of the ready line (stdout) and of the logs (stderr).")
-def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: str, s3_endpoint_url: str | None, s3_region: str | None,
+def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: str, http_port: int | None, s3_endpoint_url: str | None, s3_region: str | None,
           create_bucket: bool, cache_mb: int, max_workers: int, max_message_mb: int, grace: float, log_level: str, output: str) -> None:
     """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
 
@@ -154,6 +156,7 @@ def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: s
         listen=listen,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        http_port=http_port,
         max_workers=max_workers,
         max_message_bytes=max_message_mb << 20,
         grace_seconds=grace,
@@ -173,9 +176,10 @@ def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: s
     stop_on_signals(server, grace)
     if output == "json":
         click.echo(json.dumps({"event": "serving", "address": server.address, "port": server.port,
-                               "metrics_port": server.metrics_port, "store": server.store.uri}))
+                               "metrics_port": server.metrics_port, "http_port": server.http_port, "store": server.store.uri}))
     else:
         metrics = f", metrics http://{metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
+        metrics += f", state export http://{metrics_host}:{server.http_port}/jobs/JOB/state.arrow" if server.http_port else ""
         click.echo(f"clink-pool: serving on {server.address} (store {server.store.uri}{metrics})")
     sys.stdout.flush()
     started = time.monotonic()

@@ -38,6 +38,8 @@ class PoolServerConfig:
     # None: no metrics endpoint; 0: a free port (see PoolServer.metrics_port).
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # None: no HTTP export; 0: a free port (see PoolServer.http_port). Serves GET /jobs/JOB/state.arrow on metrics_host.
+    http_port: int | None = None
     max_workers: int = 16
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_seconds: float = 5.0
@@ -70,6 +72,7 @@ class PoolServer:
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         self.port: int | None = None
+        self.http_export = None
 
     def _core_stats(self) -> dict[str, float]:
         stats = getattr(self.core, "stats", None)
@@ -91,6 +94,11 @@ class PoolServer:
     def metrics_port(self) -> int | None:
         """The bound metrics HTTP port, None when metrics are off."""
         return self.metrics.http_port
+
+    @property
+    def http_port(self) -> int | None:
+        """The bound HTTP export port, None when the export is off."""
+        return self.http_export.port if self.http_export is not None else None
 
     def start(self) -> PoolServer:
         """Bind, register the services and start serving; UnavailableError if the address cannot be bound."""
@@ -114,6 +122,10 @@ class PoolServer:
                 self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port)
             except OSError as exc:
                 raise UnavailableError(f"cannot serve metrics on {self.config.metrics_host}:{self.config.metrics_port}: {exc}") from None
+        if self.config.http_port is not None:
+            from pool.http_export import start_http_export
+
+            self.http_export = start_http_export(self.core, self.config.metrics_host, self.config.http_port)
         server.start()
         self._server = server
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -132,6 +144,8 @@ class PoolServer:
         self.health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
         self.metrics.close()
+        if self.http_export is not None:
+            self.http_export.stop()
         log.info("RemotePool on %s stopped", self.address)
 
     def wait(self, timeout: float | None = None) -> bool:

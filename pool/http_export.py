@@ -1,0 +1,212 @@
+"""HTTP export of a pool's checkpoints: GET /jobs/JOB/state.arrow streams the canonical snapshot, for curl or any Arrow reader."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from pool.core import PoolCore
+from pool.domain import KeyGroupRange
+from snapshot.errors import ClinkError, InvalidArgumentError, NotFoundError, UnavailableError
+
+log = logging.getLogger("clink.pool.http")
+
+ARROW_STREAM_TYPE = "application/vnd.apache.arrow.stream"
+_ROUTE = re.compile(r"^/jobs/(?P<job>[^/]+)/state\.arrow$")
+_PARAMS = {"checkpoint", "key_groups", "op_id"}
+# seconds an idle or stalled connection may hold a handler thread
+SOCKET_TIMEOUT_S = 60.0
+
+# domain errors to HTTP status: the one table of this module
+STATUS_FOR_ERROR: tuple[tuple[type[ClinkError], int], ...] = (
+    (NotFoundError, 404),
+    (InvalidArgumentError, 400),
+    (UnavailableError, 503),
+)
+
+
+def status_for(exc: BaseException) -> int:
+    """The HTTP status of an error raised before the first byte of a response (500 for anything unmapped)."""
+    for cls, status in STATUS_FOR_ERROR:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """A parsed state.arrow request."""
+
+    job: str
+    checkpoint_id: int  # 0: newest complete
+    key_groups: KeyGroupRange | None
+    op_ids: tuple[int, ...]
+
+
+def _one(params: dict[str, list[str]], name: str) -> str | None:
+    values = params.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidArgumentError(f"parameter {name} given {len(values)} times")
+    return values[0]
+
+
+def parse_request(path: str) -> ExportRequest | None:
+    """The export request a URL asks for; None when the path is not the state.arrow route; InvalidArgumentError for bad parameters."""
+    url = urlsplit(path)
+    m = _ROUTE.match(url.path)
+    if not m:
+        return None
+    job = unquote(m.group("job"))
+    try:
+        params = parse_qs(url.query, keep_blank_values=True, strict_parsing=bool(url.query))
+    except ValueError:
+        raise InvalidArgumentError(f"query string {url.query!r} is malformed") from None
+    unknown = sorted(set(params) - _PARAMS)
+    if unknown:
+        raise InvalidArgumentError(f"unknown parameter(s) {', '.join(unknown)} (known: {', '.join(sorted(_PARAMS))})")
+    checkpoint_id = 0
+    raw = _one(params, "checkpoint")
+    if raw not in (None, "", "latest"):
+        if not raw.isdigit() or int(raw) < 1:
+            raise InvalidArgumentError(f"checkpoint={raw!r} must be a positive integer or 'latest'")
+        checkpoint_id = int(raw)
+    key_groups = None
+    raw = _one(params, "key_groups")
+    if raw not in (None, ""):
+        m = re.fullmatch(r"(\d{1,3})-(\d{1,3})", raw)
+        if not m:
+            raise InvalidArgumentError(f"key_groups={raw!r} must be LO-HI, for example 0-63")
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if not 0 <= lo <= hi <= 127:
+            raise InvalidArgumentError(f"key_groups={raw!r} must satisfy 0 <= LO <= HI <= 127")
+        key_groups = KeyGroupRange(lo, hi)
+    op_ids = []
+    for raw in params.get("op_id", []):
+        if not raw.isdigit() or int(raw) >= 1 << 64:
+            raise InvalidArgumentError(f"op_id={raw!r} must be a uint64 in decimal")
+        op_ids.append(int(raw))
+    return ExportRequest(job, checkpoint_id, key_groups, tuple(op_ids))
+
+
+class _ExportServer(ThreadingHTTPServer):
+    daemon_threads = True
+    core: PoolCore
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "clink-pool-http"
+    timeout = SOCKET_TIMEOUT_S
+    server: _ExportServer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's signature
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _plain(self, status: int, text: str) -> None:
+        body = (" ".join(text.split()) + "\n").encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        if urlsplit(self.path).path == "/healthz":
+            self._plain(200, "ok")
+            return
+        try:
+            request = parse_request(self.path)
+        except InvalidArgumentError as exc:
+            self._plain(400, str(exc))
+            return
+        if request is None:
+            self._plain(404, f"no route {urlsplit(self.path).path}; try /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI or /healthz")
+            return
+        self._export(request)
+
+    def _export(self, request: ExportRequest) -> None:
+        core = self.server.core
+        try:
+            checkpoint_id = request.checkpoint_id
+            if checkpoint_id == 0:
+                # pin "latest" once, so the header names exactly the checkpoint streamed
+                checkpoint_id = core.reader(request.job).latest()
+            chunks = core.scan(request.job, checkpoint_id, request.key_groups, list(request.op_ids), None)
+            first = next(chunks, b"")
+        except Exception as exc:  # noqa: BLE001 - every failure before the first byte becomes a status line, the server stays up
+            status = status_for(exc)
+            if status == 500:
+                log.exception("export of job %s failed", request.job)
+            self._plain(status, str(exc) if isinstance(exc, ClinkError) else f"internal error: {type(exc).__name__}: {exc}")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ARROW_STREAM_TYPE)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Content-Disposition", f'attachment; filename="{quote(request.job, safe="")}-chk-{checkpoint_id}.arrow"')
+        if checkpoint_id:
+            self.send_header("X-Clink-Checkpoint", str(checkpoint_id))
+        self.end_headers()
+        try:
+            for chunk in _prepend(first, chunks):
+                if chunk:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            log.info("client went away during the export of job %s", request.job)
+            self.close_connection = True
+        except Exception:  # noqa: BLE001 - after the headers the only honest signal is a cut stream (no final chunk)
+            log.exception("export of job %s failed mid-stream", request.job)
+            self.close_connection = True
+
+    def _not_allowed(self) -> None:
+        self._plain(405, f"method {self.command} not allowed; use GET")
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815
+
+
+def _prepend(first: bytes, rest):
+    yield first
+    yield from rest
+
+
+@dataclass
+class HttpExport:
+    """A running HTTP export: ``port``, ``url``, and ``stop()``."""
+
+    server: _ExportServer
+    thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. http://127.0.0.1:8080."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self) -> None:
+        """Stop accepting, close the socket and join the serving thread."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+def start_http_export(core: PoolCore, host: str = "127.0.0.1", port: int = 0) -> HttpExport:
+    """Serve the export routes over ``core`` on host:port (0 picks a free port) from a background thread."""
+    try:
+        server = _ExportServer((host, port), _Handler)
+    except OSError as exc:
+        raise UnavailableError(f"cannot serve the HTTP export on {host}:{port}: {exc.strerror or exc}") from None
+    server.core = core
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="pool-http-export", daemon=True)
+    thread.start()
+    bound = server.server_address[1]
+    log.info("HTTP export on http://%s:%d/jobs/JOB/state.arrow", host, bound)
+    return HttpExport(server, thread, host, bound)
