@@ -115,7 +115,9 @@ def same_rows(a: pa.Table, b: pa.Table) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the base table (default 1,000,000; use e.g. 50000 for a quick run)")
+    parser.add_argument(
+        "--rows", type=int, default=1_000_000, help="rows in the base table (default 1,000,000; use e.g. 50000 for a quick run)"
+    )
     parser.add_argument("--repeats", type=int, default=7, help="timed repetitions per measurement; the median is compared")
     args = parser.parse_args(argv)
 

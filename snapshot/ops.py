@@ -18,7 +18,7 @@ from snapshot.format import (
     empty_table,
     read_snapshot,
 )
-from snapshot.keys import NUM_KEY_GROUPS, OPERATOR_STATE_PREFIX, leading_bytes
+from snapshot.keys import NUM_KEY_GROUPS, leading_bytes
 
 _EMPTY_SEP = pa.scalar(b"", pa.binary())
 
@@ -147,8 +147,10 @@ def merge_tables(tables: Iterable[pa.Table]) -> pa.Table:
         return empty_table()
     table = pa.concat_tables(parts).combine_chunks()
     n = table.num_rows
+    if _all_distinct(table.column("key_bytes")):
+        return table  # no key repeats, so no (op_id, key_bytes) collides
     comp = composite_keys(table.column("op_id"), table.column("key_bytes"))
-    if pc.count_distinct(comp).as_py() == n:
+    if _all_distinct(comp):
         return table
     idx = pc.sort_indices(pa.table({"k": comp, "o": pa.array(np.arange(n))}), sort_keys=[("k", "ascending"), ("o", "ascending")]).to_numpy()
     sorted_keys = comp.take(pa.array(idx))
@@ -156,7 +158,7 @@ def merge_tables(tables: Iterable[pa.Table]) -> pa.Table:
     group = np.cumsum(starts) - 1
     values = table.column("value_bytes").combine_chunks().take(pa.array(idx))
     is8 = (pc.binary_length(values).to_numpy(zero_copy_only=False) == 8)
-    op_state = leading_bytes(table.column("key_bytes").take(pa.array(idx))) == OPERATOR_STATE_PREFIX
+    op_state = leading_bytes(table.column("key_bytes").take(pa.array(idx))) >= NUM_KEY_GROUPS  # 128 and up is operator state, as in the filter
     # a group takes the greatest int64 only when it is operator state and every value in it is 8 bytes
     group_all8 = np.minimum.reduceat(is8, np.flatnonzero(starts))[group]
     by_value = op_state & group_all8

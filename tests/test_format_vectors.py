@@ -214,7 +214,12 @@ def test_invalid_snapshot_vector(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "needle"),
-    [("missing-column.snap", "value_bytes"), ("wrong-type.snap", "op_id"), ("null-value.snap", "null"), ("bad-versions.snap", "state_versions")],
+    [
+        ("missing-column.snap", "value_bytes"),
+        ("wrong-type.snap", "op_id"),
+        ("null-value.snap", "null"),
+        ("bad-versions.snap", "state_versions"),
+    ],
 )
 def test_invalid_snapshot_error_names_the_problem(name: str, needle: str) -> None:
     with pytest.raises(CorruptSnapshotError, match=needle):
