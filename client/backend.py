@@ -548,11 +548,14 @@ class RemoteReadBackend:
         self._check_open()
         new_range = _check_range(key_groups) if key_groups is not None else self.key_groups
         if checkpoint_id is None:
-            complete = [c.checkpoint_id for c in self._pool.list_checkpoints(self.job) if c.complete]
+            # one metadata call: the list already says which checkpoints are complete, with their operators
+            complete = [c for c in self._pool.list_checkpoints(self.job) if c.complete]
             if not complete:
                 raise NotFoundError(f"job {self.job!r} has no complete checkpoint to restore from")
-            checkpoint_id = max(complete)
-        info, _ = self._pool.describe_checkpoint(self.job, checkpoint_id)
+            info = max(complete, key=lambda c: c.checkpoint_id)
+            checkpoint_id = info.checkpoint_id
+        else:
+            info, _ = self._pool.describe_checkpoint(self.job, checkpoint_id)
         if not info.complete:
             ranges = ", ".join(f"{lo}-{hi}" for lo, hi in info.committed_ranges) or "none"
             raise InvalidArgumentError(
