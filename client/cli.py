@@ -44,10 +44,10 @@ def _stdout_console():
     return Console(file=stream, width=None if interactive else 200, no_color=not interactive, highlight=False, soft_wrap=False)
 
 
-def _stderr_console():
+def _stderr_console(force_terminal: bool | None = None):
     from rich.console import Console
 
-    return Console(file=sys.stderr, highlight=False)
+    return Console(file=sys.stderr, highlight=False, force_terminal=force_terminal)
 
 
 @contextmanager
@@ -55,7 +55,8 @@ def _progress(enabled: bool | None) -> Iterator[Callable[..., object]]:
     """A rich progress display on stderr (on by default when stderr is a terminal); yields add_task-like steps."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-    console = _stderr_console()
+    # --progress draws even into a pipe (a log, a CI console); the default draws only on a terminal
+    console = _stderr_console(force_terminal=True if enabled else None)
     show = console.is_terminal if enabled is None else enabled
     progress = Progress(
         SpinnerColumn(),

@@ -308,7 +308,14 @@ def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> St
     from client.pool_client import PoolClient, PoolClientConfig
 
     client_config = PoolClientConfig(call_deadline_s=config.pool_timeout_s, scan_deadline_s=max(config.pool_timeout_s, 60.0))
-    with PoolClient(ref.address, client_config) as client:
+    try:
+        return _scan_pool(ref, selection, PoolClient(ref.address, client_config))
+    except ClinkError as exc:
+        raise _with_prefix(exc, f"pool {ref.address}") from None
+
+
+def _scan_pool(ref: SourceRef, selection: Selection, client) -> StateSource:
+    with client:
         checkpoints = {c.checkpoint_id: c for c in client.list_checkpoints(ref.job)}
         if ref.checkpoint_id is None:
             if not checkpoints:

@@ -446,3 +446,14 @@ def test_console_script_subprocess_exit_codes(snap, tmp_path: Path) -> None:
         )
     assert piped.returncode == 0, piped.stderr
     assert rows_of(s.read_snapshot(out.read_bytes()).table) == rows_of(table)
+
+
+def test_progress_bars_draw_on_request_and_keep_stdout_clean(snap, tmp_path: Path) -> None:
+    path, table = snap
+    out = tmp_path / "p.parquet"
+    result = run(["state-export", "--from", str(path), "--out", str(out), "--progress", "--row-group-rows", "50"])
+    assert result.exit_code == 0, result.output
+    assert "writing parquet" in result.stderr and "reading" in result.stderr
+    assert result.stdout.count("\n") == 1 and f"exported {table.num_rows} entries" in result.stdout
+    quiet = run(["state-export", "--from", str(path), "--out", str(out), "--no-progress"])
+    assert quiet.exit_code == 0 and quiet.stderr == ""

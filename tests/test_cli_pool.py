@@ -96,3 +96,9 @@ def test_unreachable_pool_fails_fast_with_one_line() -> None:
     assert result.exit_code == 2
     assert f"127.0.0.1:{port}" in one_line_error(result) or "unavailable" in one_line_error(result).lower()
     assert time.monotonic() - started < 60
+
+
+def test_clink_demo_runs_end_to_end(tmp_path) -> None:
+    result = run(["demo", "--workdir", str(tmp_path / "demo")])
+    assert result.exit_code == 0, result.output
+    assert "exactly-once" in result.stdout
