@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
 from pool.domain import MAX_CHECKPOINT_ID, CheckpointInfo, CommitRequest, CommitResult, KeyGroupRange, PoolConfig
 from pool.writers import Fencing
@@ -123,6 +124,18 @@ def _incomplete_info(job: str, checkpoint_id: int, parts: list[Manifest]) -> Che
         operators=tuple(sorted(ops.items())),
         state_versions=_merge_versions(p.state_versions for p in parts),
     )
+
+
+def _stream_buffer(writer: SnapshotArrowWriter, table: pa.Table) -> pa.Buffer:
+    """The writer's stream for ``table`` in one exactly sized buffer (measured first: no regrowth copies)."""
+    batch = writer.record_batch(table)
+    mock = pa.MockOutputStream()
+    with ipc.new_stream(mock, writer.schema) as out:
+        out.write_batch(batch)
+    buffer = pa.allocate_buffer(mock.size())
+    with ipc.new_stream(pa.FixedSizeBufferWriter(buffer), writer.schema) as out:
+        out.write_batch(batch)
+    return buffer
 
 
 class PoolCore:
@@ -401,8 +414,7 @@ class PoolCore:
     def scan(self, job: str, checkpoint_id: int, key_groups: KeyGroupRange | None, op_ids: Sequence[int], delta: bytes | None) -> Iterator[bytes]:
         """One canonical snapshot stream (one RecordBatch) in ~scan_chunk_bytes chunks; errors raise before the first chunk."""
         table, manifest = self.scan_table(job, checkpoint_id, key_groups, op_ids, delta)
-        writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
-        buffer = writer.write_buffer(table)
+        buffer = _stream_buffer(SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions)), table)
         del table
         step = max(1, self.config.scan_chunk_bytes)
 

@@ -104,6 +104,43 @@ def _as_puts(table: pa.Table) -> pa.Table:
     return pa.table({"row_kind": kinds, "op_id": table.column("op_id"), "key_bytes": table.column("key_bytes"), "value_bytes": table.column("value_bytes")})
 
 
+def _live(changelog: pa.Table) -> pa.Table:
+    """The put rows of a resolved changelog as canonical rows."""
+    live = changelog.filter(pc.not_equal(changelog.column("row_kind"), ROW_ERASE))
+    return live.select(["op_id", "key_bytes", "value_bytes"]).cast(CANONICAL_SCHEMA)
+
+
+def search_sorted(table: pa.Table, q_keys: pa.Array, q_ops: np.ndarray) -> np.ndarray:
+    """Row of each (op_id, key) query in a table sorted by (key_bytes, op_id), -1 if absent: a vectorised binary search."""
+    n, m = table.num_rows, len(q_keys)
+    keys = table.column("key_bytes")
+    lo = np.zeros(m, dtype=np.int64)
+    hi = np.full(m, n, dtype=np.int64)
+    active = np.flatnonzero(lo < hi)
+    while active.size:  # about log2(n) rounds, each comparing every open query at once
+        mid = (lo[active] + hi[active]) // 2
+        less = pc.less(keys.take(pa.array(mid)), q_keys.take(pa.array(active))).to_numpy(zero_copy_only=False)
+        lo[active[less]] = mid[less] + 1
+        hi[active[~less]] = mid[~less]
+        active = active[lo[active] < hi[active]]
+    pos = np.full(m, -1, dtype=np.int64)
+    cand = np.flatnonzero(lo < n)
+    step = 0
+    while cand.size:  # equal keys of several operators sit next to each other, ordered by op_id
+        idx = lo[cand] + step
+        inside = idx < n
+        cand, idx = cand[inside], idx[inside]
+        if not cand.size:
+            break
+        same = pc.equal(keys.take(pa.array(idx)), q_keys.take(pa.array(cand))).to_numpy(zero_copy_only=False)
+        cand, idx = cand[same], idx[same]
+        op_match = table.column("op_id").take(pa.array(idx)).to_numpy(zero_copy_only=False) == q_ops[cand]
+        pos[cand[op_match]] = idx[op_match]
+        cand = cand[~op_match]
+        step += 1
+    return pos
+
+
 class CheckpointReader:
     """Reads one job's checkpoints from any ObjectStore; pool-independent so the CLI can open file:// and s3:// alike."""
 
@@ -237,6 +274,8 @@ class CheckpointReader:
                 lead = leading_bytes(acc.column("key_bytes"))
                 acc = acc.filter(pa.array(~((lead >= b_lo) & (lead <= b_hi))))
                 deltas.append(_as_puts(t))
+        if len(deltas) == 1 and acc.num_rows == 0 and len(tables) == 1:
+            return _live(deltas[0])  # stored deltas are already resolved (one row per key): nothing to overlay onto
         if deltas:
             acc = overlay(acc, pa.concat_tables(deltas) if len(deltas) > 1 else deltas[0])
         return acc
@@ -291,7 +330,7 @@ class CheckpointReader:
         lo, hi = _check_range(key_groups)
         tables = [self.part_keyed(manifest, p, lo, hi) for p in manifest.parts if p.overlaps(lo, hi)]
         tables.append(self.operator_view(manifest))
-        table = pa.concat_tables([t.cast(CANONICAL_SCHEMA) for t in tables]).combine_chunks()
+        table = pa.concat_tables([t.cast(CANONICAL_SCHEMA) for t in tables])
         if op_ids:
             table = table.filter(pc.is_in(table.column("op_id"), value_set=pa.array(list(op_ids), pa.uint64())))
         return table
@@ -320,12 +359,17 @@ class CheckpointReader:
         empty = pc.equal(pc.binary_length(q_keys), 0).to_numpy(zero_copy_only=False)
         keyed = (lead < NUM_KEY_GROUPS) & ~empty
 
-        def answer(idx: np.ndarray, table: pa.Table, changelog: bool) -> np.ndarray:
+        q_op_np = np.asarray(list(op_ids), dtype=np.uint64)
+
+        def answer(idx: np.ndarray, table: pa.Table, changelog: bool, is_sorted: bool = True) -> np.ndarray:
             """Resolve queries idx against table; returns which of idx were decided (hit, or erased)."""
             if table.num_rows == 0 or idx.size == 0:
                 return np.zeros(idx.size, dtype=bool)
-            comp = composite_keys(table.column("op_id"), table.column("key_bytes"))
-            pos = pc.fill_null(pc.index_in(q_comp.take(pa.array(idx)), value_set=comp), -1).to_numpy(zero_copy_only=False)
+            if is_sorted:  # data files are sorted by (key, op_id): binary search, nothing hashed per call
+                pos = search_sorted(table, q_keys.take(pa.array(idx)), q_op_np[idx])
+            else:
+                comp = composite_keys(table.column("op_id"), table.column("key_bytes"))
+                pos = pc.fill_null(pc.index_in(q_comp.take(pa.array(idx)), value_set=comp), -1).to_numpy(zero_copy_only=False)
             hit = pos >= 0
             if not hit.any():
                 return hit
@@ -364,5 +408,5 @@ class CheckpointReader:
                     pending = np.setdiff1d(pending, inside[decided], assume_unique=True)
         op_idx = np.flatnonzero(lead >= NUM_KEY_GROUPS)
         if op_idx.size:
-            answer(op_idx, self.operator_view(manifest), False)
+            answer(op_idx, self.operator_view(manifest), False, is_sorted=False)
         return found, values

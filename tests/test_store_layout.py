@@ -1,0 +1,175 @@
+"""The checkpoint layout in store/: segmented data files, strict manifests, and CheckpointReader without the pool."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from pool_core_helpers import OP_IDS, commit, keyed, op_key, scan_dict
+
+import snapshot as s
+from pool.core import PoolCore
+from pool.domain import KeyGroupRange, PoolConfig
+from snapshot.errors import ChecksumMismatchError, CorruptDataError
+from store.checkpoint import CheckpointReader, SegmentCache
+from store.datafile import KIND_DELTA, decode_segment, encode_datafile, verify_file, verify_segment
+from store.manifest import metadata_key, parse_manifest
+
+SRC = OP_IDS["source"]
+
+
+def _table(n: int, value_size: int = 40, with_ops: bool = True) -> pa.Table:
+    keys = [keyed(f"user-{i}") for i in range(n)]
+    if with_ops:
+        keys += [op_key(f"o{i}") for i in range(5)]
+    return pa.table(
+        {
+            "row_kind": pa.array([s.ROW_PUT] * len(keys), pa.uint8()),
+            "op_id": pa.array([SRC] * len(keys), pa.uint64()),
+            "key_bytes": pa.array(keys, pa.binary()),
+            "value_bytes": pa.array([b"x" * value_size] * len(keys), pa.binary()),
+        }
+    )
+
+
+def test_big_file_gets_one_segment_per_key_group_and_tiny_delta_few():
+    big = encode_datafile(_table(20_000), changelog=True, target_segment_bytes=4096)
+    keyed_segs = [g for g in big.segments if not g.operator]
+    assert len(keyed_segs) == 128 and all(g.kg_lo == g.kg_hi for g in keyed_segs)
+    assert [g.kg_lo for g in keyed_segs] == list(range(128))
+    assert sum(1 for g in big.segments if g.operator) == 1
+    assert sum(g.rows for g in big.segments) == big.rows == 20_005
+    assert big.segments[-1].offset + big.segments[-1].length == len(big.data)  # segments laid end to end
+    tiny = encode_datafile(_table(10), changelog=True)
+    assert len(tiny.segments) == 2  # one keyed span, one operator-state segment
+    assert tiny.segments[0].kg_lo <= tiny.segments[0].kg_hi
+    empty = encode_datafile(_table(0, with_ops=False), changelog=True)
+    assert empty.segments == () and empty.data == b""
+
+
+def test_each_segment_is_a_sorted_stream_of_its_key_groups():
+    enc = encode_datafile(_table(3000), changelog=True, target_segment_bytes=2048)
+    entry = enc.entry("data/x.arrow", KIND_DELTA, 0, 127)
+    verify_file(entry, enc.data)
+    for seg in entry.segments:
+        blob = enc.data[seg.offset : seg.offset + seg.length]
+        verify_segment(entry, seg, blob)
+        table = decode_segment(entry, seg, blob)
+        lead = s.leading_bytes(table.column("key_bytes"))
+        if seg.operator:
+            assert (lead >= 128).all()
+        else:
+            assert ((lead >= seg.kg_lo) & (lead <= seg.kg_hi)).all()
+        keys = table.column("key_bytes").to_pylist()
+        assert keys == sorted(keys)
+
+
+def test_checksums_catch_flipped_bytes_and_name_the_file():
+    enc = encode_datafile(_table(500), changelog=True, target_segment_bytes=1024)
+    entry = enc.entry("data/abc.arrow", KIND_DELTA, 0, 127)
+    damaged = bytearray(enc.data)
+    damaged[len(damaged) // 2] ^= 0xFF
+    with pytest.raises(ChecksumMismatchError, match="data/abc.arrow"):
+        verify_file(entry, bytes(damaged))
+    seg = next(g for g in entry.segments if g.offset <= len(damaged) // 2 < g.offset + g.length)
+    with pytest.raises(ChecksumMismatchError, match="data/abc.arrow"):
+        verify_segment(entry, seg, bytes(damaged[seg.offset : seg.offset + seg.length]))
+
+
+@pytest.fixture
+def committed(file_store):
+    core = PoolCore(file_store, PoolConfig(segment_target_bytes=2048))
+    epoch, _ = core.acquire_writer("j", KeyGroupRange(0, 127))
+    rows = [(s.ROW_PUT, SRC, keyed(f"user-{i}"), f"value-{i}".encode() * 4) for i in range(8000)]
+    rows.append((s.ROW_PUT, SRC, op_key("offsets"), b"o"))
+    commit(core, "j", 1, 0, KeyGroupRange(0, 127), epoch, rows)
+    commit(core, "j", 2, 1, KeyGroupRange(0, 127), epoch, [(s.ROW_ERASE, SRC, keyed("user-1"), b"")])
+    return file_store, core
+
+
+def test_reader_without_the_pool_reads_what_the_pool_scans(committed):
+    store, core = committed
+    reader = CheckpointReader(store, "j")
+    assert reader.list_checkpoints() == [1, 2] and reader.latest() == 2
+    for cid in (1, 2):
+        table = reader.read_table(cid)
+        got = dict(zip(zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True), table.column("value_bytes").to_pylist(), strict=True))
+        assert got == scan_dict(core, "j", cid)
+    part = reader.read_table(0, key_groups=(10, 20))
+    lead = s.leading_bytes(part.column("key_bytes"))
+    assert (((lead >= 10) & (lead <= 20)) | (lead >= 128)).all() and (lead >= 128).sum() == 1
+    assert reader.read_table(2, op_ids=[OP_IDS["sink"]]).num_rows == 0
+
+
+def test_an_eighth_of_the_key_groups_fetches_about_an_eighth_of_the_bytes(committed):
+    store, _ = committed
+    reader = CheckpointReader(store, "j", SegmentCache(0))  # no cache: count every byte
+    manifest = reader.manifest(1)
+    total = manifest.total_bytes
+    store.counters.reset()
+    table = reader.read_table(1, key_groups=(32, 47))
+    fetched = store.counters.bytes_read
+    assert table.num_rows > 0
+    op_segment = sum(g.length for f in manifest.files for g in f.segments if g.operator)
+    assert fetched <= 1.25 * total / 8 + op_segment, (fetched, total)
+    # the ranged reads were coalesced: a handful of GETs, not one per segment
+    assert store.counters.snapshot()["requests"].get("get_range", 0) <= 2
+
+
+def test_cache_serves_repeated_reads(committed):
+    store, _ = committed
+    reader = CheckpointReader(store, "j", SegmentCache(64 << 20))
+    reader.read_table(1, key_groups=(0, 7))
+    store.counters.reset()
+    reader.read_table(1, key_groups=(0, 7))
+    assert store.counters.bytes_read == 0 and reader.cache.hits > 0
+
+
+def test_cache_is_bounded():
+    cache = SegmentCache(10_000)
+    t = _table(50)
+    size = t.get_total_buffer_size()
+    for i in range(50):
+        cache.put(i, t)
+    assert cache.size_bytes <= 10_000 and cache.size_bytes >= size
+    assert cache.get(0) is None and cache.get(49) is not None
+
+
+def _mutate(store, key: str, fn) -> None:
+    doc = json.loads(store.get(key))
+    fn(doc)
+    store.put(key, json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: d["files"][0].update(path="/etc/passwd"), "safe relative path"),
+        (lambda d: d["files"][0].update(path="data/../../x.arrow"), "safe relative path"),
+        (lambda d: d["files"][0].update(sha256="zz"), "sha256"),
+        (lambda d: d["files"][0]["segments"][0].update(offset=10**9), "past the file size"),
+        (lambda d: d["parts"][0].update(kg_hi=99), "tile"),
+        (lambda d: d["parts"][0]["layers"].append(["data/missing.arrow"]), "missing.arrow"),
+        (lambda d: d.update(version=9), "version 9"),
+        (lambda d: d.update(checkpoint_id="2"), "checkpoint_id"),
+        (lambda d: d.update(state_versions="1|x"), "state_versions"),
+        (lambda d: d.pop("operators"), "operators is missing"),
+    ],
+)
+def test_manifest_parsing_is_strict(committed, damage, message):
+    store, _ = committed
+    key = metadata_key("j", 2)
+    _mutate(store, key, damage)
+    with pytest.raises(CorruptDataError, match=message) as info:
+        parse_manifest(store.get(key), key)
+    assert key in str(info.value)
+
+
+def test_manifest_json_has_only_relative_paths(committed):
+    store, _ = committed
+    doc = json.loads(store.get(metadata_key("j", 2)))
+    paths = [f["path"] for f in doc["files"]] + [p for part in doc["parts"] for layer in part["layers"] for p in layer]
+    assert paths and all(p.startswith("data/") and not p.startswith("/") for p in paths)
+    assert str(store.root) not in json.dumps(doc)
+    assert doc["format"] == "clink.checkpoint-manifest" and doc["parent_id"] == 1
