@@ -280,20 +280,22 @@ class PoolClient:
                 raise err from None
 
     def _committed_by(self, job: str, checkpoint_id: int, key_groups: KeyGroups, epoch: int) -> CheckpointInfo | None:
-        """The checkpoint if this range is committed in it and (where the manifest records epochs) with this epoch."""
+        """The checkpoint if this exact range is committed in it by this epoch (manifest parts carry their epoch).
+
+        Before the checkpoint is complete there is no manifest to read; then the committed range alone decides.
+        """
         lo, hi = key_groups
-        for info in self.list_checkpoints(job, include_incomplete=True):
-            if info.checkpoint_id != checkpoint_id:
-                continue
-            if not any(r_lo <= lo and hi <= r_hi for r_lo, r_hi in info.committed_ranges) and not info.complete:
-                return None
-            try:
-                _, manifest_json = self.describe_checkpoint(job, checkpoint_id)
-                epochs = _manifest_epochs(json.loads(manifest_json), lo, hi) if manifest_json else set()
-            except Exception:  # noqa: BLE001  # an incomplete checkpoint may have no manifest yet: range match decides
-                epochs = set()
-            return info if not epochs or epoch in epochs else None
-        return None
+        info = next((c for c in self.list_checkpoints(job, include_incomplete=True) if c.checkpoint_id == checkpoint_id), None)
+        if info is None:
+            return None
+        if not info.complete:
+            return info if (lo, hi) in info.committed_ranges else None
+        _, manifest_json = self.describe_checkpoint(job, checkpoint_id)
+        try:
+            manifest = json.loads(manifest_json)
+        except ValueError:
+            return None
+        return info if epoch in _manifest_epochs(manifest, lo, hi) else None
 
     def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes) -> bytes | None:
         """The value of one key at a checkpoint (0: newest complete), None when absent."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
 import pytest
 from hypothesis import settings
@@ -36,6 +37,7 @@ SMALL_CACHE = BackendConfig(cache_bytes=2_000, call_deadline_s=10)  # small enou
 
 def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None:  # noqa: F811
     address = pool_address
+    fired: Counter[str] = Counter()
 
     class BackendMachine(RuleBasedStateMachine):
         """Writes, reads, checkpoints, restores, rescales and exports through the pool; the model is a dict."""
@@ -60,18 +62,21 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
 
         @rule(op=st.sampled_from(OPS), key=st.sampled_from(KEYS), value=st.binary(max_size=12))
         def put(self, op: int, key: bytes, value: bytes) -> None:
+            fired["put"] += 1
             self._backend_for(key).put(op, key, value)
             self.dirty[owner(self.ranges, key)].add((op, key))
             self.current[(op, key)] = value
 
         @rule(op=st.sampled_from(OPS), key=st.sampled_from(KEYS))
         def erase(self, op: int, key: bytes) -> None:
+            fired["erase"] += 1
             self._backend_for(key).erase(op, key)
             self.dirty[owner(self.ranges, key)].add((op, key))
             self.current.pop((op, key), None)
 
         @rule(step=st.integers(1, 1000))
         def advance_offset(self, step: int) -> None:
+            fired["advance_offset"] += 1
             # operator state (a source offset) is written by subtask 0 only, and only grows
             self.offset += step
             self.backends[0].put(OP_SOURCE, OFFSET_KEY, self.offset.to_bytes(8, "little", signed=True))
@@ -80,10 +85,12 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
 
         @rule(op=st.sampled_from(OPS), key=st.sampled_from(KEYS))
         def get(self, op: int, key: bytes) -> None:
+            fired["get"] += 1
             assert self._backend_for(key).get(op, key) == self.current.get((op, key))
 
         @rule(op=st.sampled_from(OPS), keys=st.lists(st.sampled_from(KEYS), max_size=10), data=st.data())
         def get_many(self, op: int, keys: list[bytes], data: st.DataObject) -> None:
+            fired["get_many"] += 1
             i = data.draw(st.integers(0, len(self.backends) - 1))
             lo, hi = self.ranges[i]
             mine = [k for k in keys if lo <= k[0] <= hi]
@@ -95,10 +102,12 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
 
         @rule()
         def read_offset(self) -> None:
+            fired["read_offset"] += 1
             assert self.backends[0].get(OP_SOURCE, OFFSET_KEY) == self.current.get((OP_SOURCE, OFFSET_KEY))
 
         @rule()
         def checkpoint(self) -> None:
+            fired["checkpoint"] += 1
             cid = self.next_id
             self.next_id += 1
             results = [b.snapshot(cid) for b in self.backends]
@@ -109,6 +118,7 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
         @precondition(lambda self: self.committed)
         @rule(data=st.data())
         def subtask_fails_and_restores(self, data: st.DataObject) -> None:
+            fired["subtask_fails_and_restores"] += 1
             i = data.draw(st.integers(0, len(self.backends) - 1))
             latest = max(self.committed)
             self.backends[i].close()  # unsaved writes are lost with it
@@ -131,6 +141,7 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
         @precondition(lambda self: self.committed)
         @rule(parallelism=st.sampled_from(sorted(LAYOUTS)))
         def rescale(self, parallelism: int) -> None:
+            fired["rescale"] += 1
             latest = max(self.committed)
             new_ranges = LAYOUTS[parallelism]
             kept = self.backends[: len(new_ranges)]
@@ -149,6 +160,7 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
 
         @rule()
         def export(self) -> None:
+            fired["export"] += 1
             blobs = [b.export_arrow_snapshot() for b in self.backends]
             for b, blob, (lo, hi) in zip(self.backends, blobs, self.ranges, strict=True):
                 snap = snapshot.read_snapshot(blob)
@@ -168,3 +180,5 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
                 assert b.delta_bytes == sum(len(k) + len(self.current.get((o, k), b"")) for o, k in dirty)
 
     run_state_machine_as_test(BackendMachine, settings=settings(max_examples=15, stateful_step_count=25, deadline=None))
+    print("rules fired:", dict(fired))
+    assert all(fired[r] for r in ("put", "erase", "get", "get_many", "checkpoint", "subtask_fails_and_restores", "rescale", "export")), fired

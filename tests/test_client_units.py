@@ -222,3 +222,37 @@ def test_snapshot_id_must_grow():
     with pytest.raises(InvalidArgumentError, match="positive"):
         b.snapshot(0)
     b.close()
+
+
+def test_token_is_sent_as_bearer_metadata_and_unauthenticated_maps_to_its_error():
+    from concurrent import futures
+
+    from protos import remote_pool_pb2 as pb
+    from protos import remote_pool_pb2_grpc as pb_grpc
+
+    seen: list[str | None] = []
+
+    class Guarded(pb_grpc.RemotePoolServicer):
+        def AcquireWriter(self, request, context):  # noqa: N802
+            auth = dict(context.invocation_metadata()).get("authorization")
+            seen.append(auth)
+            if auth != "Bearer good":
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "no valid token")
+            return pb.AcquireWriterResponse(epoch=7, latest_checkpoint_id=0)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_RemotePoolServicer_to_server(Guarded(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with PoolClient(f"127.0.0.1:{port}", PoolClientConfig(token="good")) as pool:
+            assert pool.acquire_writer("job", (0, 127)).epoch == 7
+        with PoolClient(f"127.0.0.1:{port}", PoolClientConfig(token="bad")) as pool:
+            with pytest.raises(UnauthenticatedError, match="no valid token"):
+                pool.acquire_writer("job", (0, 127))
+        with PoolClient(f"127.0.0.1:{port}") as pool:
+            with pytest.raises(UnauthenticatedError):
+                pool.acquire_writer("job", (0, 127))
+        assert seen == ["Bearer good", "Bearer bad", None]  # UNAUTHENTICATED is not retried
+    finally:
+        server.stop(0)
