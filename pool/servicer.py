@@ -8,8 +8,10 @@ import grpc
 
 from pool.core import PoolCore
 from pool.domain import CheckpointInfo, CommitRequest, KeyGroupRange
+from pool.streaming import stream_chunks
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
+from snapshot import SnapshotArrowWriter, StateVersionMap
 from snapshot.errors import InvalidArgumentError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RemotePool"].full_name
@@ -96,9 +98,11 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
 
     def ScanCheckpoint(self, request: pb.ScanCheckpointRequest, context: grpc.ServicerContext) -> Iterator[pb.ScanChunk]:
         key_groups = _range(request.key_groups) if request.HasField("key_groups") else None
-        delta = request.delta or None
-        for chunk in self.core.scan(request.job, request.checkpoint_id, key_groups, list(request.op_ids), delta):
-            yield pb.ScanChunk(data=chunk if isinstance(chunk, bytes) else bytes(chunk))
+        # the same stream as PoolCore.scan, but cut straight from the table's buffers: no second full-size copy
+        table, manifest = self.core.scan_table(request.job, request.checkpoint_id, key_groups, list(request.op_ids), request.delta or None)
+        writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
+        for chunk in stream_chunks(writer, table, self.core.config.scan_chunk_bytes):
+            yield pb.ScanChunk(data=chunk)
 
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:
         return pb.ListJobsResponse(jobs=self.core.list_jobs())

@@ -15,6 +15,8 @@ import pyarrow.ipc  # noqa: F401  # pa.ipc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import snapshot
 from pool.errors import ERROR_CLASS_METADATA_KEY, STATUS_BY_ERROR, status_for
@@ -337,7 +339,7 @@ def test_every_domain_error_maps_through_the_one_table(
     def raising(*_a: object, **_k: object) -> object:
         raise exc
 
-    monkeypatch.setattr(server.core, "scan", raising)
+    monkeypatch.setattr(server.core, "scan_table", raising)
     with pytest.raises(grpc.RpcError) as excinfo:
         pool.scan_bytes("anyjob")
     assert _code(excinfo) == STATUS_BY_ERROR[error] == status_for(exc)
@@ -406,3 +408,33 @@ def test_server_config_is_validated() -> None:
         PoolServer(PoolServerConfig(store_uri="file:///tmp/unused-pool", max_workers=0))
     with pytest.raises(snapshot.InvalidArgumentError):
         PoolServer(PoolServerConfig(store_uri="file:///tmp/unused-pool", max_message_bytes=1000))
+
+
+def test_scan_stream_is_byte_identical_to_the_core_stream(served: tuple[PoolServer, RawPool]) -> None:
+    server, pool = served
+    job = "identical"
+    keys = keyed_keys_in(0, 127, 400, seed=9) + [snapshot.encode_operator_key("offsets", b"p")]
+    epoch = pool.acquire(job)
+    rows = [(snapshot.ROW_PUT, OPS[i % 3], k, bytes(i % 251 for i in range(i % 97))) for i, k in enumerate(keys)]
+    pool.commit(job, 1, 0, epoch, changelog_bytes(rows), state_versions="0|ValueState|2")
+    delta = changelog_bytes(rows[:7])
+    for kg, ops, overlay in ((None, [], b""), ((3, 90), [], b""), (None, [OPS[2]], b""), ((0, 127), [OPS[0], OPS[1]], delta)):
+        from pool.domain import KeyGroupRange
+
+        expected = b"".join(server.core.scan(job, 1, KeyGroupRange(*kg) if kg else None, ops, overlay or None))
+        assert pool.scan_bytes(job, 1, key_groups=kg, op_ids=ops, delta=overlay) == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 300), chunk=st.integers(1, 5000), seed=st.integers(0, 2**16))
+def test_stream_chunks_concatenate_to_the_writer_output(n: int, chunk: int, seed: int) -> None:
+    from pool.streaming import stream_chunks
+
+    rng = random.Random(seed)
+    table = pa.table({"op_id": pa.array([rng.getrandbits(64) for _ in range(n)], pa.uint64()),
+                      "key_bytes": [rng.randbytes(rng.randint(1, 20)) for _ in range(n)],
+                      "value_bytes": [rng.randbytes(rng.randint(0, 40)) for _ in range(n)]})
+    writer = snapshot.SnapshotArrowWriter(snapshot.StateVersionMap({(7, "ListState"): 3}))
+    chunks = list(stream_chunks(writer, table, chunk))
+    assert b"".join(chunks) == writer.write(table)
+    assert all(len(c) == chunk for c in chunks[:-1]) and 0 < len(chunks[-1]) <= chunk
