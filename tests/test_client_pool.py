@@ -292,7 +292,13 @@ def test_restore_is_lazy_and_reports_missing_operators_before_changing_anything(
     assert fresh.cache_stats["entries"] == 0 and fresh.delta_rows == 0
     fresh_counts = KeyedInt64State(fresh, "word-count", "count")
     assert fresh_counts.get(KEYS[3][5:]) == 3  # fetched lazily
+    calls = fresh.pool.calls
     assert fresh_counts.get_many([k[5:] for k in KEYS[:10]]) == list(range(10))
+    assert fresh.pool.calls - calls == 1  # nine misses (KEYS[3] is cached), one MultiGet
+    fresh.put(fresh_counts.op_id, fresh_counts.key(KEYS[20][5:]), (-1).to_bytes(8, "little", signed=True))
+    calls = fresh.pool.calls
+    assert fresh_counts.get_many([k[5:] for k in KEYS[:10]] + [KEYS[20][5:]]) == [*range(10), -1]
+    assert fresh.pool.calls == calls  # all served by the cache and the delta
     b.close()
     fresh.close()
 
