@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pool_core_helpers import OP_IDS, commit, keyed, op_key, scan_dict
 
 import snapshot as s
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange, PoolConfig
 from snapshot.errors import ChecksumMismatchError, CorruptDataError
-from store.checkpoint import CheckpointReader, SegmentCache
-from store.datafile import KIND_DELTA, decode_segment, encode_datafile, verify_file, verify_segment
+from store.checkpoint import CheckpointReader, SegmentCache, search_sorted
+from store.datafile import KIND_DELTA, decode_segment, encode_datafile, sort_for_layout, verify_file, verify_segment
 from store.manifest import metadata_key, parse_manifest
 
 SRC = OP_IDS["source"]
@@ -173,3 +176,41 @@ def test_manifest_json_has_only_relative_paths(committed):
     assert paths and all(p.startswith("data/") and not p.startswith("/") for p in paths)
     assert str(store.root) not in json.dumps(doc)
     assert doc["format"] == "clink.checkpoint-manifest" and doc["parent_id"] == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.dictionaries(st.tuples(st.integers(0, 3), st.binary(min_size=1, max_size=4)), st.binary(max_size=3), max_size=60),
+    probes=st.lists(st.tuples(st.integers(0, 3), st.binary(min_size=1, max_size=4)), max_size=30),
+)
+def test_search_sorted_matches_a_dict(rows, probes):
+    table = pa.table(
+        {
+            "op_id": pa.array([k[0] for k in rows], pa.uint64()),
+            "key_bytes": pa.array([k[1] for k in rows], pa.binary()),
+            "value_bytes": pa.array(list(rows.values()), pa.binary()),
+        }
+    )
+    table = sort_for_layout(table)
+    queries = probes + list(rows)[:10]
+    pos = search_sorted(table, pa.array([q[1] for q in queries], pa.binary()), np.array([q[0] for q in queries], dtype=np.uint64))
+    values = table.column("value_bytes").to_pylist()
+    for q, p in zip(queries, pos.tolist(), strict=True):
+        assert (p >= 0) == (q in rows)
+        if p >= 0:
+            assert values[p] == rows[q]
+
+
+def test_a_child_may_build_on_a_parent_still_in_flight(file_store):
+    """Subtask 0 commits checkpoint 2 on top of its own staged part of checkpoint 1 before subtask 1 finished 1."""
+    core = PoolCore(file_store)
+    low, high = KeyGroupRange(0, 63), KeyGroupRange(64, 127)
+    e_low, e_high = core.acquire_writer("j", low)[0], core.acquire_writer("j", high)[0]
+    a = keyed(next(f"a{i}" for i in range(999) if s.key_group(f"a{i}".encode()) <= 63))
+    b = keyed(next(f"b{i}" for i in range(999) if s.key_group(f"b{i}".encode()) >= 64))
+    commit(core, "j", 1, 0, low, e_low, [(s.ROW_PUT, SRC, a, b"1")])
+    commit(core, "j", 2, 1, low, e_low, [(s.ROW_PUT, SRC, a, b"2")])  # parent 1 is only staged
+    assert commit(core, "j", 1, 0, high, e_high, [(s.ROW_PUT, SRC, b, b"1")]).checkpoint.complete
+    assert commit(core, "j", 2, 1, high, e_high, [(s.ROW_PUT, SRC, b, b"2")]).checkpoint.complete
+    assert scan_dict(core, "j", 1) == {(SRC, a): b"1", (SRC, b): b"1"}
+    assert scan_dict(core, "j", 2) == {(SRC, a): b"2", (SRC, b): b"2"}
