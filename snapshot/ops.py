@@ -85,10 +85,10 @@ def _overwritten_rows(base: pa.Table, resolved: pa.Table, keys_distinct: bool) -
     resolved_ops = resolved.column("op_id").to_numpy()
     if keys_distinct:
         # each key_bytes names one changelog row: one hash probe gives its position, then compare op_ids (no composite keys)
-        pos = pc.fill_null(pc.index_in(base.column("key_bytes"), value_set=resolved_keys), -1).to_numpy()
-        cand_idx = np.flatnonzero(pos >= 0)
-        cand_ops = base.column("op_id").take(pa.array(cand_idx)).to_numpy()
-        return cand_idx[resolved_ops[pos[cand_idx]] == cand_ops]
+        pos = pc.index_in(base.column("key_bytes"), value_set=resolved_keys)
+        cand = pc.indices_nonzero(pc.is_valid(pos))
+        cand_ops = base.column("op_id").take(cand).to_numpy()
+        return cand.to_numpy()[resolved_ops[pos.take(cand).to_numpy()] == cand_ops]
     candidate = pc.is_in(base.column("key_bytes"), value_set=resolved_keys).to_numpy(zero_copy_only=False)
     cand_idx = np.flatnonzero(candidate)
     if cand_idx.size == 0:
