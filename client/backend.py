@@ -612,11 +612,14 @@ class RemoteReadBackend:
         else:
             delta = snapshot.SnapshotArrowWriter(self.state_versions, changelog=True).write(changes) if changes.num_rows else b""
             blob = self._pool.scan_checkpoint(self.job, checkpoint, key_groups=(lo, hi), delta=delta)
-        if not ttl_slots:
+        local_versions = dict(self.state_versions.items())
+        if not ttl_slots and not local_versions:
             return blob
         snap = snapshot.read_snapshot(blob)
-        expired = ttl_expired_mask(snap.table, ttl_slots, self.config.clock_ms())
-        if not expired.any():
+        versions = dict(snap.state_versions.items())
+        stamped = {**versions, **local_versions}  # versions set since the checkpoint are stamped too
+        expired = ttl_expired_mask(snap.table, ttl_slots, self.config.clock_ms()) if ttl_slots else None
+        if stamped == versions and (expired is None or not expired.any()):
             return blob
-        kept = snap.table.filter(pc.invert(pa.array(expired)))
-        return snapshot.SnapshotArrowWriter(snap.state_versions, snap.extra_metadata).write(kept)
+        kept = snap.table if expired is None or not expired.any() else snap.table.filter(pc.invert(pa.array(expired)))
+        return snapshot.SnapshotArrowWriter(StateVersionMap(stamped), snap.extra_metadata).write(kept)

@@ -327,7 +327,9 @@ def test_export_stream_opens_in_pyarrow_duckdb_and_polars_without_clink(pool_add
     job, model = _job(), {}
     backends = _four_subtasks_write(pool_address, job, "a", model)
     for b in backends:
+        b.set_state_version(OP_COUNT, "ValueState", 2)
         b.snapshot(1)
+    backends[0].set_state_version(OP_SOURCE, "ListState", 1)  # set after the checkpoint: still stamped on the export
     for k in KEYS[:30]:  # hot delta on top of the checkpoint
         backends[owner(FOUR, k)].put(OP_COUNT, k, b"hot")
         model[(OP_COUNT, k)] = b"hot"
@@ -337,6 +339,7 @@ def test_export_stream_opens_in_pyarrow_duckdb_and_polars_without_clink(pool_add
 
     table = ipc.open_stream(pa.BufferReader(blob)).read_all()  # plain pyarrow
     assert table.schema.metadata[b"clink.format_version"] == b"1"
+    assert table.schema.metadata[b"clink.state_versions"].decode() == f"{OP_COUNT}|ValueState|2\n{OP_SOURCE}|ListState|1"
     assert table_model(table) == model
 
     con = duckdb.connect()
