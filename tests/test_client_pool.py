@@ -367,3 +367,24 @@ def test_connect_refuses_bad_arguments_clearly(pool_address: str) -> None:  # no
     b.close()
     with pytest.raises(InvalidArgumentError, match="closed"):
         b.put(OP_COUNT, KEYS[0], b"v")
+
+
+def test_a_damaged_data_file_reaches_the_worker_as_corrupt_data_naming_the_file(pool_store, pool_address: str) -> None:  # noqa: F811
+    from client import CorruptDataError
+
+    job = _job()
+    b = RemoteReadBackend.connect(pool_address, job, (0, 127), FAST)
+    for k in KEYS[:50]:
+        b.put(OP_COUNT, k, b"value-" + k)
+    b.snapshot(1)
+    data_files = [o.key for o in pool_store.list(f"jobs/{job}/data/")]
+    assert len(data_files) == 1
+    blob = bytearray(pool_store.get(data_files[0]))
+    blob[len(blob) // 2] ^= 0xFF
+    pool_store.put(data_files[0], bytes(blob))
+    with RemoteReadBackend.connect(pool_address, job, (0, 127), FAST) as reader:
+        reader.restore()
+        with pytest.raises(CorruptDataError, match=data_files[0].rsplit("/", 1)[-1]):
+            reader.get_many(OP_COUNT, KEYS[:50])
+        assert reader.cache_stats["entries"] == 0  # nothing damaged was cached
+    b.close()
