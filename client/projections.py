@@ -168,15 +168,36 @@ def decode_keys(key_bytes: pa.Array | pa.ChunkedArray) -> pa.Table:
 # --- rendering --------------------------------------------------------------------------------------------
 
 
-def utf8_valid_mask(arr: pa.Array) -> np.ndarray:
-    """Per row: are the bytes well-formed UTF-8 (no overlongs, surrogates or truncated sequences)? Vectorised over bytes."""
+def utf8_valid_mask(arr: pa.Array, rows: np.ndarray | None = None) -> np.ndarray:
+    """Per row: are the bytes well-formed UTF-8 (no overlongs, surrogates or truncated sequences)? Vectorised over bytes.
+
+    With ``rows`` (a boolean mask) only those rows are checked; the others read as valid.
+    """
     arr = _as_binary_array(arr)
     n = len(arr)
     offsets, data = _buffers(arr)
     lengths = offsets[1:] - offsets[:-1]
+    if rows is not None:
+        lengths = np.where(rows, lengths, 0)
     if n == 0 or int(lengths.sum()) == 0:
         return np.ones(n, dtype=bool)
-    b = data[offsets[0] : offsets[-1]]
+    row_of_byte = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    starts = np.repeat(offsets[:-1] - (np.cumsum(lengths) - lengths), lengths)
+    high = data[starts + np.arange(row_of_byte.size, dtype=np.int64)] >= 0x80
+    if not high.any():
+        return np.ones(n, dtype=bool)  # pure ASCII, the common case for text keys
+    # only rows holding a byte >= 0x80 need the full check
+    suspects = np.flatnonzero(np.bincount(row_of_byte[high], minlength=n))
+    out = np.ones(n, dtype=bool)
+    out[suspects] = _utf8_valid_rows(data, offsets[:-1][suspects], lengths[suspects])
+    return out
+
+
+def _utf8_valid_rows(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    n = len(starts)
+    sub = _gather(data, starts, lengths)
+    offsets, raw = _buffers(sub)
+    b = raw[: int(offsets[-1])]
     total = b.size
     row = np.repeat(np.arange(n, dtype=np.int64), lengths)
     cont = (b & 0xC0) == 0x80
@@ -195,6 +216,7 @@ def utf8_valid_mask(arr: pa.Array) -> np.ndarray:
         ok = np.zeros(leads.size, dtype=bool)
         ok[inside] = row[target[inside]] == row[leads[inside]]
         bad[leads[~ok]] = True
+        # targets of distinct leads never coincide in well-formed text; where they do, the count exceeds 1 and flags it
         np.add.at(covered, target[ok], 1)
     bad |= cont & (covered != 1)
     bad |= ~cont & (covered != 0)
@@ -206,8 +228,7 @@ def utf8_valid_mask(arr: pa.Array) -> np.ndarray:
     bad |= (b == 0xED) & (nxt > 0x9F)
     bad |= (b == 0xF0) & (nxt < 0x90)
     bad |= (b == 0xF4) & (nxt > 0x8F)
-    bad_rows = np.bincount(row[bad], minlength=n) > 0
-    return ~bad_rows
+    return np.bincount(row[bad], minlength=n) == 0
 
 
 def _hex(arr: pa.Array) -> pa.Array:
@@ -245,18 +266,19 @@ def int64_readings(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
 def render_bytes(arr: pa.Array | pa.ChunkedArray, int64_first: bool = True) -> tuple[pa.Array, pa.Array]:
     """(text, int64) renderings: 8-byte rows as little-endian int64, printable UTF-8 as text, anything else as 0x-hex."""
     arr = _as_binary_array(arr)
+    n = len(arr)
     ints = int64_readings(arr)
-    valid = utf8_valid_mask(arr)
-    as_text = pc.if_else(pa.array(valid), arr, pa.scalar(b"", pa.binary())).cast(pa.string())
-    printable = np.asarray(pc.utf8_is_printable(as_text).to_numpy(zero_copy_only=False), dtype=bool) & valid
     is8 = ~np.asarray(ints.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    use_int = is8 if int64_first else np.zeros(len(arr), dtype=bool)
-    text = pc.case_when(
-        pc.make_struct(pa.array(use_int), pa.array(printable & ~use_int)),
-        pc.cast(ints, pa.string()),
-        as_text,
-        _hex(arr),
-    )
+    use_int = is8 if int64_first else np.zeros(n, dtype=bool)
+    # int64 rows never need the UTF-8 check; the rest must be valid before Arrow may treat them as text
+    text_ok = utf8_valid_mask(arr, ~use_int) & ~use_int
+    as_text = (arr if text_ok.all() else pc.if_else(pa.array(text_ok), arr, pa.scalar(b"", pa.binary()))).cast(pa.string())
+    printable = np.asarray(pc.utf8_is_printable(as_text).to_numpy(zero_copy_only=False), dtype=bool) & text_ok
+    text = pc.if_else(pa.array(use_int), pc.cast(ints, pa.string()), as_text) if use_int.any() else as_text
+    needs_hex = ~use_int & ~printable
+    if needs_hex.any():
+        # hex only for the rows that need it, scattered into place
+        text = pc.replace_with_mask(text, pa.array(needs_hex), _hex(arr.filter(pa.array(needs_hex))))
     return text, ints
 
 
