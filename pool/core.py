@@ -126,9 +126,8 @@ def _incomplete_info(job: str, checkpoint_id: int, parts: list[Manifest]) -> Che
     )
 
 
-def _stream_buffer(writer: SnapshotArrowWriter, table: pa.Table) -> pa.Buffer:
-    """The writer's stream for ``table`` in one exactly sized buffer (measured first: no regrowth copies)."""
-    batch = writer.record_batch(table)
+def _stream_buffer(writer: SnapshotArrowWriter, batch: pa.RecordBatch) -> pa.Buffer:
+    """The writer's stream for one batch in one exactly sized buffer (measured first: no regrowth copies)."""
     mock = pa.MockOutputStream()
     with ipc.new_stream(mock, writer.schema) as out:
         out.write_batch(batch)
@@ -300,15 +299,14 @@ class PoolCore:
         cid, kg = request.checkpoint_id, request.key_groups
         delta = self._read_delta(request, delta_chunks)
         self.fencing.check(job, kg, request.epoch)
-        if self.store.exists(metadata_key(job, cid)):
-            raise ConflictError(f"checkpoint {cid} of job {job} is already complete")
-        if self.store.exists(part_key(job, cid, kg.lo, kg.hi)):
-            raise ConflictError(f"key groups {kg} of checkpoint {cid} of job {job} were already committed")
+        staged = self._staged_by(job, cid, kg, request.epoch)
         parent = self._parent(job, request.parent_id, kg) if request.parent_id else None
         layers, files = self._parent_layers(job, parent, kg)
         written = 0
-        if delta.num_rows:
-            encoded = encode_datafile(delta, changelog=True, target_segment_bytes=self.config.segment_target_bytes)
+        encoded = encode_datafile(delta, changelog=True, target_segment_bytes=self.config.segment_target_bytes) if delta.num_rows else None
+        if staged is not None:
+            return self._repeat(job, cid, kg, request.epoch, staged, set(files), encoded)
+        if encoded is not None:
             path = f"data/{uuid.uuid4().hex}.arrow"
             self.store.put_if_absent(job_prefix(job) + path, encoded.data)  # immutable, unreferenced until a part names it
             written += len(encoded.data)
@@ -330,6 +328,39 @@ class PoolCore:
         if manifest is not None:
             if (kg.lo, kg.hi, request.epoch) not in {(p.kg_lo, p.kg_hi, p.epoch) for p in manifest.parts}:
                 raise FencedError(f"writer epoch {request.epoch} for key groups {kg} of job {job} was fenced before checkpoint {cid} completed")
+            return CommitResult(_info(job, manifest), written)
+        return CommitResult(_incomplete_info(job, cid, self._parts(job, cid)), written)
+
+    def _staged_by(self, job: str, cid: int, kg: KeyGroupRange, epoch: int) -> Manifest | None:
+        """This writer's own staged part or manifest of checkpoint N (a repeated commit), None if absent; ConflictError if another's."""
+        meta = metadata_key(job, cid)
+        if self.store.exists(meta):
+            manifest = parse_manifest(self.store.get(meta), meta)
+            if (kg.lo, kg.hi, epoch) in {(p.kg_lo, p.kg_hi, p.epoch) for p in manifest.parts}:
+                return manifest
+            raise ConflictError(f"checkpoint {cid} of job {job} is already complete")
+        key = part_key(job, cid, kg.lo, kg.hi)
+        try:
+            part = parse_manifest(self.store.get(key), key)
+        except NotFoundError:
+            return None
+        if part.parts[0].epoch != epoch:
+            raise ConflictError(f"key groups {kg} of checkpoint {cid} of job {job} were already committed")
+        return part
+
+    def _repeat(self, job: str, cid: int, kg: KeyGroupRange, epoch: int, staged: Manifest, parent_files: set[str], encoded) -> CommitResult:
+        """A writer repeating a commit whose reply was lost: the same delta finishes the checkpoint, a different one conflicts."""
+        mine = next(p for p in staged.parts if (p.kg_lo, p.kg_hi, p.epoch) == (kg.lo, kg.hi, epoch))
+        new_files = {path for layer in mine.layers for path in layer} - parent_files
+        new_sums = {staged.file(path).sha256 for path in new_files}
+        if new_sums != ({encoded.sha256} if encoded is not None else set()):
+            raise ConflictError(f"key groups {kg} of checkpoint {cid} of job {job} were already committed by this writer with another delta")
+        if staged.complete:
+            return CommitResult(_info(job, staged), 0)
+        manifest, written = self._try_complete(job, cid)
+        if manifest is not None:
+            if (kg.lo, kg.hi, epoch) not in {(p.kg_lo, p.kg_hi, p.epoch) for p in manifest.parts}:
+                raise FencedError(f"writer epoch {epoch} for key groups {kg} of job {job} was fenced before checkpoint {cid} completed")
             return CommitResult(_info(job, manifest), written)
         return CommitResult(_incomplete_info(job, cid, self._parts(job, cid)), written)
 
@@ -414,8 +445,11 @@ class PoolCore:
     def scan(self, job: str, checkpoint_id: int, key_groups: KeyGroupRange | None, op_ids: Sequence[int], delta: bytes | None) -> Iterator[bytes]:
         """One canonical snapshot stream (one RecordBatch) in ~scan_chunk_bytes chunks; errors raise before the first chunk."""
         table, manifest = self.scan_table(job, checkpoint_id, key_groups, op_ids, delta)
-        buffer = _stream_buffer(SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions)), table)
-        del table
+        writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
+        batch = writer.record_batch(table)
+        del table  # the merged layers' rows are freed once the single batch holds them: peak ~3x the stream
+        buffer = _stream_buffer(writer, batch)
+        del batch
         step = max(1, self.config.scan_chunk_bytes)
 
         def chunks() -> Iterator[bytes]:

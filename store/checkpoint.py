@@ -28,6 +28,7 @@ from store.datafile import DataFile, Segment, decode_segment, verify_file, verif
 from store.manifest import Manifest, Part, checkpoint_prefix, job_prefix, metadata_key, parse_manifest
 from store.objects import ObjectStore
 
+MANIFEST_CACHE_ENTRIES = 256
 _CHK_RE = re.compile(r"^chk-([1-9][0-9]*)/(_metadata|parts/([0-9]+)-([0-9]+)\.json)$")
 
 
@@ -106,7 +107,8 @@ def _as_puts(table: pa.Table) -> pa.Table:
 
 def _live(changelog: pa.Table) -> pa.Table:
     """The put rows of a resolved changelog as canonical rows."""
-    live = changelog.filter(pc.not_equal(changelog.column("row_kind"), ROW_ERASE))
+    erased = pc.equal(changelog.column("row_kind"), ROW_ERASE)
+    live = changelog.filter(pc.invert(erased)) if pc.any(erased).as_py() else changelog  # filtering copies: skip it when nothing is erased
     return live.select(["op_id", "key_bytes", "value_bytes"]).cast(CANONICAL_SCHEMA)
 
 
@@ -148,7 +150,7 @@ class CheckpointReader:
         self.store = store
         self.job = job
         self.cache = cache if cache is not None else SegmentCache(64 << 20)
-        self._manifests: dict[int, Manifest] = {}
+        self._manifests: OrderedDict[int, Manifest] = OrderedDict()
         self._lock = threading.Lock()
 
     # ---- listing and manifests -------------------------------------------------------------------------------
@@ -192,6 +194,8 @@ class CheckpointReader:
         manifest = parse_manifest(data, key)
         with self._lock:
             self._manifests[checkpoint_id] = manifest
+            while len(self._manifests) > MANIFEST_CACHE_ENTRIES:
+                self._manifests.popitem(last=False)
         return manifest
 
     def forget(self, checkpoint_id: int) -> None:
@@ -220,7 +224,8 @@ class CheckpointReader:
             if len(wanted) == len(entry.segments):
                 data = self._get_file(key, entry)
                 verify_file(entry, data)
-                blobs = [data[s.offset : s.offset + s.length] for s in wanted]
+                whole = pa.py_buffer(data)  # zero-copy slices: decoded columns point into the file's bytes
+                blobs = [whole.slice(s.offset, s.length) for s in wanted]
             else:
                 blobs = self._get_ranges(key, [(s.offset, s.length) for s in wanted])
                 for seg, blob in zip(wanted, blobs, strict=True):
