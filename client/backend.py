@@ -7,6 +7,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 import pyarrow as pa
@@ -138,18 +139,16 @@ _MISSING = object()
 
 
 def changelog_table(layer: Mapping[StateKey, bytes | None]) -> pa.Table:
-    """A changelog table (puts and erases) of a layer, built column-wise in one pass over its entries."""
-    n = len(layer)
-    if n == 0:
+    """A changelog table (puts and erases) of a layer, built column-wise: the columns are listed once, the rest is Arrow."""
+    if not layer:
         return snapshot.empty_table(changelog=True)
     keys = list(layer.keys())
-    values = list(layer.values())
-    op_ids = np.fromiter((k[0] for k in keys), dtype=np.uint64, count=n)
-    key_col = pa.array([k[1] for k in keys], type=pa.binary())
-    is_erase = np.fromiter((v is None for v in values), dtype=bool, count=n)
-    value_col = pa.array([b"" if v is None else v for v in values], type=pa.binary())
-    kinds = np.where(is_erase, snapshot.ROW_ERASE, snapshot.ROW_PUT).astype(np.uint8)
-    return pa.Table.from_arrays([pa.array(kinds), pa.array(op_ids), key_col, value_col], schema=snapshot.CHANGELOG_SCHEMA)
+    values = pa.array(list(layer.values()), type=pa.binary())  # an erase (None) becomes a null, then an erase row
+    kinds = pc.if_else(values.is_null(), pa.scalar(snapshot.ROW_ERASE, pa.uint8()), pa.scalar(snapshot.ROW_PUT, pa.uint8()))
+    op_ids = pa.array(list(map(itemgetter(0), keys)), type=pa.uint64())
+    key_bytes = pa.array(list(map(itemgetter(1), keys)), type=pa.binary())
+    columns = [kinds, op_ids, key_bytes, values.fill_null(b"")]
+    return pa.Table.from_arrays(columns, schema=snapshot.CHANGELOG_SCHEMA)
 
 
 def _prefix_mask(keys: pa.Array, prefix: bytes, start: int) -> np.ndarray:
