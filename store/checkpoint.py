@@ -143,6 +143,22 @@ def search_sorted(table: pa.Table, q_keys: pa.Array, q_ops: np.ndarray) -> np.nd
     return pos
 
 
+def _take_chunked(column: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+    """column.take(rows) done chunk by chunk: one take per touched chunk instead of a slow many-chunk gather."""
+    if column.num_chunks <= 1:
+        return column.take(pa.array(rows)).combine_chunks() if isinstance(column, pa.ChunkedArray) else column.take(pa.array(rows))
+    ends = np.cumsum([len(c) for c in column.chunks])
+    chunk_of = np.searchsorted(ends, rows, side="right")
+    order = np.argsort(chunk_of, kind="stable")
+    pieces = []
+    for c in np.unique(chunk_of):
+        sel = order[chunk_of[order] == c]
+        start = ends[c] - len(column.chunk(int(c)))
+        pieces.append(column.chunk(int(c)).take(pa.array(rows[sel] - start)))
+    gathered = pa.concat_arrays(pieces)
+    return gathered.take(pa.array(np.argsort(order, kind="stable")))
+
+
 class CheckpointReader:
     """Reads one job's checkpoints from any ObjectStore; pool-independent so the CLI can open file:// and s3:// alike."""
 
@@ -261,6 +277,17 @@ class CheckpointReader:
             table = filter_key_groups(table, lo, hi)
         return table
 
+    def _search_index(self, entry: DataFile, segments: Sequence[Segment], table: pa.Table) -> pa.Table:
+        """Several segments as one contiguous chunk (cached): random access into 128 chunks is slow."""
+        if len(segments) == 1:
+            return table
+        key = (self.store.uri, self.job, entry.path, "search-index", tuple(s.offset for s in segments))
+        index = self.cache.get(key)
+        if index is None:
+            index = table.combine_chunks()
+            self.cache.put(key, index)
+        return index
+
     def _operator_rows(self, entry: DataFile) -> pa.Table | None:
         segs = [s for s in entry.segments if s.operator]
         if not segs:
@@ -378,12 +405,12 @@ class CheckpointReader:
             hit = pos >= 0
             if not hit.any():
                 return hit
-            rows = pa.array(pos[hit].astype(np.int64))
+            rows = pos[hit].astype(np.int64)
             hit_idx = idx[hit]
-            vals = table.column("value_bytes").take(rows).to_pylist()
+            vals = _take_chunked(table.column("value_bytes"), rows).to_pylist()
             live = np.ones(hit_idx.size, dtype=bool)
             if changelog:
-                live = table.column("row_kind").take(rows).to_numpy(zero_copy_only=False) != ROW_ERASE
+                live = _take_chunked(table.column("row_kind"), rows).to_numpy(zero_copy_only=False) != ROW_ERASE
             for j, (i, v) in enumerate(zip(hit_idx.tolist(), vals, strict=True)):  # loop over answered keys, not rows
                 if live[j]:
                     found[i] = True
@@ -407,7 +434,8 @@ class CheckpointReader:
                     decided = np.zeros(inside.size, dtype=bool)
                     if segs:
                         tables = self.load_segments(entry, segs)
-                        decided = answer(inside, pa.concat_tables(tables) if len(tables) > 1 else tables[0], entry.changelog)
+                        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+                        decided = answer(inside, self._search_index(entry, segs, table), entry.changelog)
                     if not entry.changelog:
                         decided[:] = True  # a base is complete for its range: a miss there is final
                     pending = np.setdiff1d(pending, inside[decided], assume_unique=True)
