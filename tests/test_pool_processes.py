@@ -179,3 +179,27 @@ def test_a_writer_fenced_through_the_other_process(two_pools: tuple[RawPool, Raw
     assert pool_b.checkpoints(job) == []
     pool_b.commit(job, 1, 0, new, changelog_bytes([(snapshot.ROW_PUT, OPS[0], k, b"fresh") for k in keys]))
     assert pool_a.scan(job, 1) == {(OPS[0], k): b"fresh" for k in keys}
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (["--store", "ftp://nowhere"], 2, "unknown scheme"),
+        (["--store", "file://{tmp}/s", "--listen", "256.0.0.1:1"], 69, "cannot listen"),
+        (["--store", "file://{tmp}/s", "--create-bucket"], 2, "--create-bucket needs an s3:// store"),
+    ],
+)
+def test_serve_fails_with_one_clear_line_and_a_trustworthy_exit_code(args: list[str], code: int, needle: str, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "pool.cli", "serve", "--listen", "127.0.0.1:0", *[a.replace("{tmp}", str(tmp_path)) for a in args]]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == code, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("clink-pool: error:")]
+    assert len(errors) == 1 and needle in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_help_teaches() -> None:
+    done = subprocess.run([sys.executable, "-m", "pool.cli", "serve", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0
+    for flag in ("--store", "--listen", "--metrics-port", "--s3-endpoint-url", "--s3-region", "SIGTERM"):
+        assert flag in done.stdout

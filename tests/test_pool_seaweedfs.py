@@ -131,9 +131,10 @@ def test_pool_end_to_end_on_seaweedfs(seaweed: StoreConfig) -> None:
             assert list(got.values) == [expect.get((OPS[i % 3], k), b"") for i, k in enumerate(keys)]
         (op, key), value = next(iter(models[4].items()))
         assert pool.get(job, 0, op, key).value == value
-        # the same checkpoint id and range again: the conditional write refuses it
+        # the same commit repeated (a lost reply) is answered again and writes nothing; another delta for it conflicts
+        assert pool.commit(job, 4, 3, epoch, changelog_bytes(rows)).bytes_written == 0
         with pytest.raises(grpc.RpcError) as excinfo:
-            pool.commit(job, 4, 3, epoch, changelog_bytes(rows))
+            pool.commit(job, 4, 3, epoch, changelog_bytes([(snapshot.ROW_PUT, OPS[0], keys[0], b"other")]))
         assert excinfo.value.code() == grpc.StatusCode.ABORTED
         # a stale writer is fenced
         pool.acquire(job, 0, 10)
