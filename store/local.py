@@ -185,6 +185,9 @@ class FileStore(ObjectStore):
                 if rel_dir == ".":
                     dirnames[:] = [d for d in dirnames if not d.startswith(".clink-")]
                     filenames = [f for f in filenames if not f.startswith(".clink-")]
+                rel_prefix = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+                # descend only where keys can still start with the prefix (listing chk-* skips data/)
+                dirnames[:] = [d for d in dirnames if (rel_prefix + d + "/").startswith(prefix) or prefix.startswith(rel_prefix + d + "/")]
                 for name in filenames:
                     key = name if rel_dir == "." else f"{rel_dir.replace(os.sep, '/')}/{name}"
                     if not key.startswith(prefix):
