@@ -20,6 +20,7 @@ from pool.servicer import SERVICE_NAME, RemotePoolServicer
 from protos import remote_pool_pb2_grpc as pb_grpc
 from snapshot.errors import InvalidArgumentError, UnavailableError
 from store.objects import ObjectStore, StoreConfig, open_store
+from store.retry import RetryingStore, StoreRetryConfig
 
 log = logging.getLogger("clink.pool")
 
@@ -45,6 +46,8 @@ class PoolServerConfig:
     grace_seconds: float = 5.0
     store: StoreConfig = field(default_factory=StoreConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
+    # None: store calls are not retried; by default transient store errors on safe calls are retried with backoff
+    store_retry: StoreRetryConfig | None = field(default_factory=StoreRetryConfig)
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -64,7 +67,8 @@ class PoolServer:
         if config.max_message_bytes < 1 << 20:
             raise InvalidArgumentError(f"max_message_bytes must be at least 1 MiB (chunks are ~1 MiB), got {config.max_message_bytes}")
         self.config = config
-        self.store = store if store is not None else open_store(config.store_uri, config.store)
+        store = store if store is not None else open_store(config.store_uri, config.store)
+        self.store = RetryingStore(store, config.store_retry) if config.store_retry is not None else store
         self.core = PoolCore(self.store, config.pool)
         self.metrics = PoolMetrics()
         self.metrics.watch_core(self._core_stats)
