@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pool_core_helpers import (
     OP_IDS,
     OPERATORS,
@@ -212,3 +214,41 @@ def test_rescale_from_four_subtasks(store, new_ranges):
     # a part of the rescaled checkpoint references parent files, it does not copy them
     info = core.list_checkpoints("job")[-1]
     assert info.num_files > len(new_ranges) * 2
+
+
+_PARALLELISM = st.sampled_from([1, 2, 3, 4, 8])
+
+
+def _ranges(p: int) -> list[KeyGroupRange]:
+    bounds = [round(i * 128 / p) for i in range(p + 1)]
+    return [KeyGroupRange(bounds[i], bounds[i + 1] - 1) for i in range(p)]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(plan=st.lists(st.tuples(_PARALLELISM, st.integers(0, 2**32)), min_size=2, max_size=6))
+def test_random_rescales_match_the_model(tmp_path_factory, plan):
+    """Checkpoints at randomly changing parallelism; every checkpoint scans and reads as the model says."""
+    from store.local import FileStore
+
+    store = FileStore(tmp_path_factory.mktemp("rescale"))
+    core = PoolCore(store, SMALL)
+    model: dict = {}
+    history = {}
+    for cid, (p, seed) in enumerate(plan, start=1):
+        rng = random.Random(seed)
+        for n, kg in enumerate(_ranges(p)):
+            epoch, _ = core.acquire_writer("job", kg)
+            own = {k: v for k, v in model.items() if k[1][0] < 128 and kg.lo <= k[1][0] <= kg.hi}
+            rows = random_delta(rng, own, keys_in_range(kg.lo, kg.hi, 12), [], 15, cid)
+            rows.append((s.ROW_PUT, OP_IDS["sink"], op_key(f"c{cid}-s{n}"), b"op"))  # operator rows of every part are kept
+            commit(core, "job", cid, cid - 1, kg, epoch, rows)
+            apply(model, rows)
+        history[cid] = dict(model)
+    cold = PoolCore(store, SMALL)
+    for cid, expected in history.items():
+        assert scan_dict(cold, "job", cid) == expected
+        kg = _ranges(3)[1]
+        assert scan_dict(cold, "job", cid, kg) == filter_model(expected, kg.lo, kg.hi)
+        probe = list(expected)[:30]
+        found, values, _ = cold.multi_get("job", cid, [k[0] for k in probe], [k[1] for k in probe])
+        assert all(found) and values == [expected[k] for k in probe]
