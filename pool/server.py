@@ -75,6 +75,7 @@ class PoolServer:
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
+        self._done = threading.Event()
         self.port: int | None = None
         self.http_export = None
 
@@ -151,13 +152,18 @@ class PoolServer:
         if self.http_export is not None:
             self.http_export.stop()
         log.info("RemotePool on %s stopped", self.address)
+        self._done.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the server terminates (or ``timeout``); True when it has terminated."""
+        """Block until the server has terminated (or ``timeout``); True once it has, including the end of ``stop``."""
         if self._server is None:
             return True
+        if self._stopped.is_set():  # stopping: wait for stop() to finish closing metrics and exports too
+            return self._done.wait(timeout)
         # grpc returns True when the wait timed out
-        return not self._server.wait_for_termination(timeout)
+        if self._server.wait_for_termination(timeout):
+            return False
+        return self._done.wait(timeout) if self._stopped.is_set() else True
 
     def __enter__(self) -> PoolServer:
         return self.start() if self._server is None else self
