@@ -330,3 +330,26 @@ def test_file_store_shared_by_two_cores_in_one_directory(tmp_path):
     with pytest.raises(ConflictError):
         commit(b, "j", 1, 0, FULL, epoch, [_put("x", b"other")])
     assert b.get("j", 0, SRC, keyed("x")) == (True, b"v", 1)
+
+
+def test_writer_fenced_during_upload_publishes_nothing(file_store):
+    """A new writer takes the range while the old one uploads its data file: no part, no checkpoint."""
+    core = PoolCore(file_store)
+    old, _ = core.acquire_writer("j", FULL)
+    commit(core, "j", 1, 0, FULL, old, [_put("a", b"1")])
+    rival = PoolCore(file_store)
+    original = file_store.put_if_absent
+
+    def put_then_get_fenced(key: str, data: bytes) -> str:
+        etag = original(key, data)
+        if "/data/" in key:
+            rival.acquire_writer("j", KeyGroupRange(0, 10))
+        return etag
+
+    file_store.put_if_absent = put_then_get_fenced  # type: ignore[method-assign]
+    with pytest.raises(FencedError):
+        commit(core, "j", 2, 1, FULL, old, [_put("a", b"2")])
+    file_store.put_if_absent = original  # type: ignore[method-assign]
+    assert [i.key for i in file_store.list("jobs/j/chk-2")] == []
+    assert core.list_checkpoints("j", include_incomplete=True)[-1].checkpoint_id == 1
+    assert core.get("j", 0, SRC, keyed("a")) == (True, b"1", 1)
