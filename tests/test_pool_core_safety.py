@@ -353,3 +353,20 @@ def test_writer_fenced_during_upload_publishes_nothing(file_store):
     assert [i.key for i in file_store.list("jobs/j/chk-2")] == []
     assert core.list_checkpoints("j", include_incomplete=True)[-1].checkpoint_id == 1
     assert core.get("j", 0, SRC, keyed("a")) == (True, b"1", 1)
+
+
+def test_a_repeated_identical_commit_is_answered_again(store):
+    """A lost reply: the writer sends the same commit again and gets the same answer, nothing new written."""
+    core = PoolCore(store)
+    epoch, _ = core.acquire_writer("j", FULL)
+    rows = [_put("a", b"1"), _put("b", b"2")]
+    first = commit(core, "j", 1, 0, FULL, epoch, rows)
+    before = _keys(store)
+    again = commit(core, "j", 1, 0, FULL, epoch, rows)
+    assert again.bytes_written == 0 and again.checkpoint == first.checkpoint
+    assert _keys(store) == before
+    with pytest.raises(ConflictError):
+        commit(core, "j", 1, 0, FULL, epoch, [_put("a", b"other")])
+    newer, _ = core.acquire_writer("j", FULL)
+    with pytest.raises((ConflictError, FencedError)):
+        commit(core, "j", 1, 0, FULL, newer, rows)  # another writer cannot claim the same checkpoint
