@@ -52,6 +52,9 @@ def _metadata(state_versions: StateVersionMap | None, extra: Mapping[bytes | str
 def conform(table: pa.Table, changelog: bool = False) -> pa.Table:
     """Cast a table to the exact schema (names, types, non-null); refuse nulls and missing columns."""
     schema = CHANGELOG_SCHEMA if changelog else CANONICAL_SCHEMA
+    if not changelog and "row_kind" in table.column_names:
+        # dropping row_kind would turn erases into puts: make the caller say which variant it means
+        raise InvalidArgumentError("table has a row_kind column: write it with changelog=True, or canonical_from_changelog() it first")
     columns = []
     for f in schema:
         if f.name not in table.column_names:

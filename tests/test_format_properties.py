@@ -219,6 +219,23 @@ def test_overlay_distinguishes_operators_sharing_key_bytes() -> None:
     assert as_dict(out) == {(1, key): b"one", (3, b"other"): b"x"}
 
 
+def test_canonical_writer_refuses_a_changelog_table() -> None:
+    log = changelog_table([(ROW_ERASE, 1, b"\x01a|b", b"")])
+    with pytest.raises(InvalidArgumentError, match="row_kind"):
+        snapshot.write_snapshot(log)
+    assert snapshot.read_snapshot(snapshot.write_snapshot(log, changelog=True)).is_changelog
+
+
+@pytest.mark.parametrize("changelog", [False, True], ids=["canonical", "changelog"])
+def test_writer_refuses_missing_columns_and_nulls(changelog: bool) -> None:
+    kinds = {"row_kind": pa.array([1], pa.uint8())} if changelog else {}
+    with pytest.raises(InvalidArgumentError, match="value_bytes missing"):
+        snapshot.write_snapshot(pa.table({**kinds, "op_id": _OPS, "key_bytes": _KEYS}), changelog=changelog)
+    nulls = {**kinds, "op_id": _OPS, "key_bytes": pa.array([None], pa.binary()), "value_bytes": _VALS}
+    with pytest.raises(InvalidArgumentError, match="key_bytes has 1 null"):
+        snapshot.write_snapshot(pa.table(nulls), changelog=changelog)
+
+
 def test_overlay_refuses_a_canonical_table_as_changelog() -> None:
     with pytest.raises(InvalidArgumentError, match="row_kind"):
         snapshot.overlay(canonical_table([]), canonical_table([(1, b"k", b"v")]))
