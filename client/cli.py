@@ -152,9 +152,27 @@ def main(argv: list[str] | None = None) -> None:
 )
 @click.option("--s3-region", envvar="AWS_DEFAULT_REGION", metavar="REGION", help="S3 region (default: $AWS_DEFAULT_REGION).")
 @click.option("--pool-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, help="Seconds per pool call.")
+@click.option(
+    "--pool-token", envvar="CLINK_POOL_TOKEN", metavar="TOKEN", help="Bearer token for pools that require one (default: $CLINK_POOL_TOKEN)."
+)
+@click.option(
+    "--pool-ca-file",
+    envvar="CLINK_POOL_CA_FILE",
+    type=click.Path(dir_okay=False),
+    help="PEM roots: talk TLS to grpc:// pools, trusting these CAs (default: $CLINK_POOL_CA_FILE).",
+)
+@click.option("--pool-tls-server-name", metavar="NAME", help="Expected TLS server name when it differs from the pool's host.")
 @click.version_option(package_name="clink-remote-state", prog_name="clink")
 @click.pass_context
-def cli(ctx: click.Context, s3_endpoint_url: str | None, s3_region: str | None, pool_timeout: float) -> None:
+def cli(
+    ctx: click.Context,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    pool_timeout: float,
+    pool_token: str | None,
+    pool_ca_file: str | None,
+    pool_tls_server_name: str | None,
+) -> None:
     """Inspect and move clink job state with tools you already know.
 
     \b
@@ -169,7 +187,20 @@ def cli(ctx: click.Context, s3_endpoint_url: str | None, s3_region: str | None, 
     """
     from client.sources import SourceConfig
 
-    ctx.obj = SourceConfig(s3_endpoint_url=s3_endpoint_url or None, s3_region=s3_region or None, pool_timeout_s=pool_timeout)
+    roots = None
+    if pool_ca_file:
+        try:
+            roots = Path(pool_ca_file).expanduser().read_bytes()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {pool_ca_file}: {exc.strerror or exc}", param_hint="--pool-ca-file") from None
+    ctx.obj = SourceConfig(
+        s3_endpoint_url=s3_endpoint_url or None,
+        s3_region=s3_region or None,
+        pool_timeout_s=pool_timeout,
+        pool_token=pool_token or None,
+        pool_tls_root_certificates=roots,
+        pool_tls_server_name=pool_tls_server_name or None,
+    )
 
 
 # --- shared options ---------------------------------------------------------------------------------------

@@ -36,6 +36,10 @@ class SourceConfig:
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     pool_timeout_s: float = 30.0
+    # bearer token for pools that require one; PEM roots switch the pool connection to TLS
+    pool_token: str | None = None
+    pool_tls_root_certificates: bytes | None = None
+    pool_tls_server_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -307,7 +311,13 @@ def _load_stored(ref: SourceRef, config: SourceConfig, selection: Selection) -> 
 def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:
     from client.pool_client import PoolClient, PoolClientConfig
 
-    client_config = PoolClientConfig(call_deadline_s=config.pool_timeout_s, scan_deadline_s=max(config.pool_timeout_s, 60.0))
+    client_config = PoolClientConfig(
+        call_deadline_s=config.pool_timeout_s,
+        scan_deadline_s=max(config.pool_timeout_s, 60.0),
+        token=config.pool_token,
+        tls_root_certificates=config.pool_tls_root_certificates,
+        tls_server_name=config.pool_tls_server_name,
+    )
     try:
         return _scan_pool(ref, selection, PoolClient(ref.address, client_config))
     except ClinkError as exc:
