@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -168,7 +169,9 @@ def reset_peak_rss() -> bool:
 
 def scan_memory_child(store_uri: str, job: str, cid: int) -> None:
     """In a fresh process: start a pool on the store, scan once (cold cache), print the peak RSS growth as JSON."""
-    server = PoolServer(PoolServerConfig(store_uri=store_uri, listen="127.0.0.1:0")).start()
+    endpoint = os.environ.get("CLINK_BENCH_S3_ENDPOINT")
+    store_config = StoreConfig(endpoint_url=endpoint, region="us-east-1", access_key_id="testing", secret_access_key="testing") if endpoint else StoreConfig()
+    server = PoolServer(PoolServerConfig(store_uri=store_uri, listen="127.0.0.1:0", store=store_config)).start()
     channel = grpc.insecure_channel(server.address, options=grpc_options(MAX_MESSAGE))
     stub = pb_grpc.RemotePoolStub(channel)
     stub.ListJobs(pb.ListJobsRequest(), timeout=30)  # connection and threads up before the baseline
@@ -218,7 +221,8 @@ def main() -> None:
         moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         moto.start()
         host, port = moto.get_host_and_port()
-        os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+        os.environ["CLINK_BENCH_S3_ENDPOINT"] = f"http://{host}:{port}"  # for the scan-memory child process
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto logs every request otherwise
         store_config = StoreConfig(endpoint_url=f"http://{host}:{port}", region="us-east-1", access_key_id="testing", secret_access_key="testing")
         store_uri = "s3://bench/pool"
         store = open_store(store_uri, store_config)
