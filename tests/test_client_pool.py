@@ -17,6 +17,7 @@ import pytest
 import snapshot
 from client import (
     BackendConfig,
+    ConflictError,
     FencedError,
     InvalidArgumentError,
     KeyedInt64State,
@@ -241,7 +242,9 @@ def test_unavailable_is_retried_until_a_late_pool_comes_up(pool_store) -> None: 
             s.stop(0)
 
 
-def test_a_commit_whose_answer_was_lost_is_recognised_as_mine_not_repeated(pool_address: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def test_a_commit_whose_answer_was_lost_is_retried_safely_and_lands_once(
+    pool_store, pool_address: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
     job = _job()
     b = RemoteReadBackend.connect(pool_address, job, (0, 127), FAST)
     b.put(OP_COUNT, KEYS[0], b"v")
@@ -257,17 +260,44 @@ def test_a_commit_whose_answer_was_lost_is_recognised_as_mine_not_repeated(pool_
 
     def lands_then_loses_the_answer(chunks, **kw):
         calls.append(1)
-        real(chunks, **kw)
+        response = real(chunks, **kw)
         if len(calls) == 1:
-            raise LostAnswer()
-        return real(iter(()), **kw)  # unreachable in practice: the retry gets the conflict first
+            raise LostAnswer()  # the pool committed, the client never heard
+        return response
 
     monkeypatch.setattr(b.pool._stub, "CommitCheckpoint", lands_then_loses_the_answer)
     result = b.snapshot(1)
-    assert result.recovered and result.checkpoint.complete and len(calls) == 2
+    # the repeat either finds the pool's idempotent answer or, on a conflict, this writer's epoch in the manifest
+    assert result.attempts == 2 and result.checkpoint.complete and len(calls) == 2
     assert b.delta_rows == 0 and b.read_checkpoint == 1
-    # another writer's epoch would not be taken for mine
-    assert b.pool._committed_by(job, 1, (0, 127), b.epoch + 99) is None
+    assert len(list(pool_store.list(f"jobs/{job}/data/"))) == 1  # landed once
+    assert b.pool._committed_by(job, 1, (0, 127), b.epoch) is not None
+    assert b.pool._committed_by(job, 1, (0, 127), b.epoch + 99) is None  # another writer's epoch is not taken for mine
+    assert b.pool._committed_by(job, 1, (0, 63), b.epoch) is None
+
+    # a pool that answers the repeat with a conflict instead: the client checks the manifest and recovers
+    class Conflict(LostAnswer):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.ALREADY_EXISTS
+
+    def lands_then_conflicts(chunks, **kw):
+        calls.append(2)
+        if calls.count(2) == 1:
+            real(chunks, **kw)
+            raise LostAnswer()
+        raise Conflict()
+
+    monkeypatch.setattr(b.pool._stub, "CommitCheckpoint", lands_then_conflicts)
+    b.put(OP_COUNT, KEYS[1], b"w")
+    result = b.snapshot(2)
+    assert result.recovered and result.checkpoint.complete and b.delta_rows == 0
+    assert b.get(OP_COUNT, KEYS[1]) == b"w"
+    # ...but a conflict on a first attempt is never taken for success
+    b.put(OP_COUNT, KEYS[2], b"x")
+    monkeypatch.setattr(b.pool._stub, "CommitCheckpoint", lambda chunks, **kw: (_ for _ in ()).throw(Conflict()))
+    with pytest.raises(ConflictError):
+        b.snapshot(3)
+    assert b.delta_rows == 1
     b.close()
 
 

@@ -60,19 +60,18 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
         def _backend_for(self, key: bytes) -> RemoteReadBackend:
             return self.backends[owner(self.ranges, key)]
 
-        @rule(op=st.sampled_from(OPS), key=st.sampled_from(KEYS), value=st.binary(max_size=12))
-        def put(self, op: int, key: bytes, value: bytes) -> None:
-            fired["put"] += 1
-            self._backend_for(key).put(op, key, value)
-            self.dirty[owner(self.ranges, key)].add((op, key))
-            self.current[(op, key)] = value
-
-        @rule(op=st.sampled_from(OPS), key=st.sampled_from(KEYS))
-        def erase(self, op: int, key: bytes) -> None:
-            fired["erase"] += 1
-            self._backend_for(key).erase(op, key)
-            self.dirty[owner(self.ranges, key)].add((op, key))
-            self.current.pop((op, key), None)
+        @rule(writes=st.lists(st.tuples(st.sampled_from(OPS), st.sampled_from(KEYS), st.none() | st.binary(max_size=12)), min_size=1, max_size=8))
+        def write(self, writes: list[tuple[int, bytes, bytes | None]]) -> None:
+            """A batch of puts and erases (None) routed to the subtask owning each key."""
+            for op, key, value in writes:
+                fired["put" if value is not None else "erase"] += 1
+                if value is None:
+                    self._backend_for(key).erase(op, key)
+                    self.current.pop((op, key), None)
+                else:
+                    self._backend_for(key).put(op, key, value)
+                    self.current[(op, key)] = value
+                self.dirty[owner(self.ranges, key)].add((op, key))
 
         @rule(step=st.integers(1, 1000))
         def advance_offset(self, step: int) -> None:
@@ -179,6 +178,7 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
                 assert b.delta_rows == len(dirty)
                 assert b.delta_bytes == sum(len(k) + len(self.current.get((o, k), b"")) for o, k in dirty)
 
-    run_state_machine_as_test(BackendMachine, settings=settings(max_examples=15, stateful_step_count=25, deadline=None))
+    run_state_machine_as_test(BackendMachine, settings=settings(max_examples=15, stateful_step_count=25, deadline=None, derandomize=True))
     print("rules fired:", dict(fired))
+    # derandomized so the rules every run exercises are stable; a failure here means the machine stopped reaching one
     assert all(fired[r] for r in ("put", "erase", "get", "get_many", "checkpoint", "subtask_fails_and_restores", "rescale", "export")), fired
