@@ -28,7 +28,8 @@ SRC may be:
   file:///data/jobs/JOB/chk-7[/_metadata]      a checkpoint in a local store
   s3://bucket/prefix/jobs/JOB/chk-7            a checkpoint in S3 (--s3-endpoint-url for MinIO, SeaweedFS, moto)
   file:///data/savepoints/NAME, s3://...       a savepoint
-  grpc://HOST:PORT/JOB[/chk-N]                 a pool: its newest complete checkpoint, or checkpoint N"""
+  grpc://HOST:PORT/JOB[/chk-N]                 a pool: its newest complete checkpoint, or checkpoint N
+  http://HOST:PORT/jobs/JOB/state.arrow?...    a pool's HTTP export (clink-pool serve --http-port)"""
 
 EXIT_HELP = """\b
 Exit codes: 0 success, 1 a negative answer (states differ, a check failed), 2 an error (bad usage, unreadable

@@ -16,7 +16,10 @@ from snapshot import (
     ClinkError,
     InvalidArgumentError,
     NotFoundError,
+    PermissionDeniedError,
     StateVersionMap,
+    UnauthenticatedError,
+    UnavailableError,
     canonical_from_changelog,
     filter_key_groups,
     operator_id,
@@ -59,7 +62,7 @@ class Selection:
 class SourceRef:
     """A parsed SRC: what kind of thing it names and where."""
 
-    kind: str  # "file", "object", "checkpoint", "savepoint" or "pool"
+    kind: str  # "file", "object", "checkpoint", "savepoint", "pool" or "http" (a pool's HTTP export)
     spec: str
     path: str = ""  # local file path, or the object key for "object"
     store_uri: str = ""  # store root for "object", "checkpoint" and "savepoint"
@@ -151,6 +154,8 @@ def parse_source(spec: str) -> SourceRef:
         raise InvalidArgumentError("source is empty; give a snapshot file, a file:// or s3:// checkpoint, or grpc://HOST:PORT/JOB")
     if spec.startswith("grpc://"):
         return _parse_pool(spec)
+    if spec.startswith(("http://", "https://")):
+        return SourceRef("http", spec)
     if spec.startswith("s3://"):
         url = urlsplit(spec)
         if not url.netloc:
@@ -299,7 +304,39 @@ def load_source(spec: str, config: SourceConfig | None = None, selection: Select
         return snapshot_source(ref, data, selection)
     if ref.kind in ("checkpoint", "savepoint"):
         return _load_stored(ref, config, selection)
+    if ref.kind == "http":
+        return snapshot_source(ref, _fetch_http(ref, config), selection)
     return _load_pool(ref, config, selection)
+
+
+# HTTP status of a pool's export to the domain error it stands for
+_HTTP_ERRORS = {400: InvalidArgumentError, 401: UnauthenticatedError, 403: PermissionDeniedError, 404: NotFoundError}
+
+
+def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
+    """GET a snapshot stream (a pool's /jobs/JOB/state.arrow, or any URL serving one)."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    headers = {"Accept": "application/vnd.apache.arrow.stream"}
+    if config.pool_token:
+        headers["Authorization"] = f"Bearer {config.pool_token}"
+    context = None
+    if ref.spec.startswith("https://") and config.pool_tls_root_certificates:
+        context = ssl.create_default_context(cadata=config.pool_tls_root_certificates.decode("ascii"))
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(ref.spec, headers=headers), timeout=config.pool_timeout_s, context=context
+        ) as resp:
+            return resp.read()
+    except urllib.error.HTTPError as exc:
+        body = " ".join(exc.read(500).decode("utf-8", errors="replace").split())
+        error = _HTTP_ERRORS.get(exc.code, UnavailableError)
+        raise error(f"{ref.spec}: HTTP {exc.code}: {body or exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UnavailableError(f"{ref.spec}: cannot fetch: {reason}") from None
 
 
 def _load_stored(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:

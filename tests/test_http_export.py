@@ -176,3 +176,21 @@ def test_clink_pool_serve_http_port_hook(tmp_path: Path) -> None:
             proc.kill()
             proc.wait(timeout=5)
     assert proc.returncode == 0
+
+
+def test_clink_reads_the_http_route_as_a_source(served, tmp_path: Path) -> None:
+    from tests.cli_fixtures import one_line_error, run
+
+    export, store, t1, t2 = served
+    url = f"{export.url}/jobs/{JOB}/state.arrow"
+    result = run(["state-cat", url, "--limit", "0", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["total_rows"] == t2.num_rows
+    pre = ["--s3-endpoint-url", store.config.endpoint_url] if store.uri.startswith("s3://") else []
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    same = run([*pre, "state-diff", f"{url}?checkpoint=1", f"{store.uri}/jobs/{JOB}/chk-1"], env=env)
+    assert same.exit_code == 0, same.output
+    missing = run(["state-cat", f"{export.url}/jobs/nobody/state.arrow"])
+    assert missing.exit_code == 2
+    line = one_line_error(missing)
+    assert "HTTP 404" in line and "nobody" in line
