@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     print("read memory = the same from an in-memory buffer: the raw read is zero-copy and does no per-row work, so this")
     extra = (min(results[-1][1]) - min(results[-1][2])) * 1e3
     print(f"shows the cost of our checks (schema, metadata, binary offsets in bounds: {extra:.2f} ms here), not a throughput ratio")
-    print(f"all targets met: {'yes' if all_met else 'NO'}")
+    scale = "" if args.rows >= 1_000_000 else f" (the targets are set for 1,000,000 rows; at {args.rows:,} fixed per-call costs weigh more)"
+    print(f"all targets met: {'yes' if all_met else 'NO'}{scale}")
     return 0
 
 
