@@ -127,11 +127,21 @@ def cli() -> None:
 @click.option("--max-workers", type=click.IntRange(1), default=16, show_default=True, help="Concurrent RPCs served at once.")
 @click.option("--max-message-mb", type=click.IntRange(1), default=64, show_default=True, help="Largest gRPC message accepted or sent, in MiB.")
 @click.option("--grace", type=click.FloatRange(0), default=5.0, show_default=True, help="Seconds in-flight calls get to finish on SIGTERM/SIGINT.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="PEM certificate chain: serve gRPC and HTTP over TLS (needs --tls-key).")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key of --tls-cert.")
+@click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None, help="PEM CA bundle: clients must present a certificate it signed (mutual TLS).")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None, envvar="CLINK_POOL_TOKEN_FILE",
+              help="Require 'authorization: Bearer TOKEN'. Lines 'TOKEN JOB[,JOB..] read|write|rw' ('*' wildcard) or JSON "
+                   '{"tokens": [{"token": .., "jobs": [..], "access": "rw"}]}. Health checks stay open. Env: CLINK_POOL_TOKEN_FILE.')
+@click.option("--max-concurrent-rpcs", type=click.IntRange(1), default=None, help="Calls in flight at once; more get RESOURCE_EXHAUSTED. Default: unbounded.")
+@click.option("--max-concurrent-streams", type=click.IntRange(1), default=None, help="HTTP/2 streams per client connection. Default: grpc's.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Format of the ready line (stdout) and of the logs (stderr).")
 def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: str, http_port: int | None, s3_endpoint_url: str | None, s3_region: str | None,
-          create_bucket: bool, cache_mb: int, max_workers: int, max_message_mb: int, grace: float, log_level: str, output: str) -> None:
+          create_bucket: bool, cache_mb: int, max_workers: int, max_message_mb: int, grace: float, tls_cert: str | None, tls_key: str | None,
+          tls_client_ca: str | None, token_file: str | None, max_concurrent_rpcs: int | None, max_concurrent_streams: int | None,
+          log_level: str, output: str) -> None:
     """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
 
     Once listening it prints one ready line on stdout naming the bound address
@@ -164,6 +174,21 @@ def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: s
         pool=PoolConfig(cache_bytes=cache_mb << 20),
     )
     try:
+        from dataclasses import replace
+
+        from pool.auth import TlsConfig, TokenTable
+
+        if bool(tls_cert) != bool(tls_key):
+            raise InvalidArgumentError("--tls-cert and --tls-key go together")
+        if tls_client_ca and not tls_cert:
+            raise InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key")
+        config = replace(
+            config,
+            tls=TlsConfig.from_files(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
+            tokens=TokenTable.from_file(token_file) if token_file else None,
+            max_concurrent_rpcs=max_concurrent_rpcs,
+            max_concurrent_streams=max_concurrent_streams,
+        )
         server = PoolServer(config)
         if create_bucket:
             make = getattr(server.store, "create_bucket", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,7 +12,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange
-from snapshot.errors import ClinkError, InvalidArgumentError, NotFoundError, UnavailableError
+from snapshot.errors import ClinkError, InvalidArgumentError, NotFoundError, PermissionDeniedError, UnauthenticatedError, UnavailableError
 
 log = logging.getLogger("clink.pool.http")
 
@@ -26,6 +27,8 @@ STATUS_FOR_ERROR: tuple[tuple[type[ClinkError], int], ...] = (
     (NotFoundError, 404),
     (InvalidArgumentError, 400),
     (UnavailableError, 503),
+    (UnauthenticatedError, 401),
+    (PermissionDeniedError, 403),
 )
 
 
@@ -97,6 +100,11 @@ def parse_request(path: str) -> ExportRequest | None:
 class _ExportServer(ThreadingHTTPServer):
     daemon_threads = True
     core: PoolCore
+    tokens = None  # a pool.auth.TokenTable: every route but /healthz needs a bearer token with read access to the job
+
+    def handle_error(self, request: object, client_address: tuple) -> None:
+        # a failed TLS handshake or a dropped connection is the client's problem: one log line, no traceback
+        log.info("connection from %s failed: %s", client_address[0], sys.exc_info()[1])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -129,6 +137,14 @@ class _Handler(BaseHTTPRequestHandler):
         if request is None:
             self._plain(404, f"no route {urlsplit(self.path).path}; try /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI or /healthz")
             return
+        if self.server.tokens is not None:
+            from pool.auth import READ, bearer_token
+
+            try:
+                self.server.tokens.authorize(bearer_token(self.headers.get("Authorization")), request.job, READ)
+            except ClinkError as exc:
+                self._plain(status_for(exc), str(exc))
+                return
         self._export(request)
 
     def _export(self, request: ExportRequest) -> None:
@@ -198,13 +214,17 @@ class HttpExport:
         self.thread.join(timeout=10)
 
 
-def start_http_export(core: PoolCore, host: str = "127.0.0.1", port: int = 0) -> HttpExport:
-    """Serve the export routes over ``core`` on host:port (0 picks a free port) from a background thread."""
+def start_http_export(core: PoolCore, host: str = "127.0.0.1", port: int = 0, tls=None, tokens=None) -> HttpExport:
+    """Serve the export routes over ``core`` on host:port (0 picks a free port) from a background thread; HTTPS with ``tls``."""
     try:
         server = _ExportServer((host, port), _Handler)
     except OSError as exc:
         raise UnavailableError(f"cannot serve the HTTP export on {host}:{port}: {exc.strerror or exc}") from None
+    if tls is not None:
+        # the handshake runs lazily in the handler's thread, so a slow client never stalls the accept loop
+        server.socket = tls.ssl_context().wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     server.core = core
+    server.tokens = tokens
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="pool-http-export", daemon=True)
     thread.start()
     bound = server.server_address[1]

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from pool.auth import AuthInterceptor, TlsConfig, TokenTable
 from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.errors import StatusInterceptor
@@ -48,6 +49,12 @@ class PoolServerConfig:
     pool: PoolConfig = field(default_factory=PoolConfig)
     # None: store calls are not retried; by default transient store errors on safe calls are retried with backoff
     store_retry: StoreRetryConfig | None = field(default_factory=StoreRetryConfig)
+    # access control (pool/auth.py): TLS on the gRPC and HTTP ports, bearer tokens scoped to jobs; None: off
+    tls: TlsConfig | None = None
+    tokens: TokenTable | None = None
+    # None: grpc's defaults; past max_concurrent_rpcs new calls get RESOURCE_EXHAUSTED
+    max_concurrent_rpcs: int | None = None
+    max_concurrent_streams: int | None = None
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -109,14 +116,17 @@ class PoolServer:
         """Bind, register the services and start serving; UnavailableError if the address cannot be bound."""
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="pool-rpc"),
-            interceptors=[StatusInterceptor(self.metrics)],
-            options=grpc_options(self.config.max_message_bytes),
+            interceptors=[StatusInterceptor(self.metrics), *([AuthInterceptor(self.config.tokens)] if self.config.tokens else [])],
+            options=grpc_options(self.config.max_message_bytes)
+            + ([("grpc.max_concurrent_streams", self.config.max_concurrent_streams)] if self.config.max_concurrent_streams else []),
+            maximum_concurrent_rpcs=self.config.max_concurrent_rpcs,
         )
         pb_grpc.add_RemotePoolServicer_to_server(RemotePoolServicer(self.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
         try:
-            port = server.add_insecure_port(self.config.listen)
+            tls = self.config.tls
+            port = server.add_secure_port(self.config.listen, tls.grpc_credentials()) if tls else server.add_insecure_port(self.config.listen)
         except RuntimeError as exc:
             raise UnavailableError(f"cannot listen on {self.config.listen}: {exc}") from None
         if not port:
@@ -130,7 +140,7 @@ class PoolServer:
         if self.config.http_port is not None:
             from pool.http_export import start_http_export
 
-            self.http_export = start_http_export(self.core, self.config.metrics_host, self.config.http_port)
+            self.http_export = start_http_export(self.core, self.config.metrics_host, self.config.http_port, tls=self.config.tls, tokens=self.config.tokens)
         server.start()
         self._server = server
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
