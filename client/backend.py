@@ -468,8 +468,10 @@ class RemoteReadBackend:
         """Ask the pool whether checkpoints this backend committed are complete yet; return the newest complete one."""
         if not self._pending:
             return self._read_checkpoint
-        newest = max(cid for cid, _ in self._pending)
-        complete = [c.checkpoint_id for c in self._pool.list_checkpoints(self.job) if c.complete and c.checkpoint_id <= newest]
+        # only checkpoints this backend committed count: a complete checkpoint outside its lineage (say, one made
+        # before this backend rewound to an older checkpoint) must not become its read checkpoint
+        mine = {cid for cid, _ in self._pending}
+        complete = [c.checkpoint_id for c in self._pool.list_checkpoints(self.job) if c.complete and c.checkpoint_id in mine]
         if complete:
             with self._lock:
                 self._release_pending(max(complete))

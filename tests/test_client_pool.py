@@ -418,3 +418,25 @@ def test_a_damaged_data_file_reaches_the_worker_as_corrupt_data_naming_the_file(
             reader.get_many(OP_COUNT, KEYS[:50])
         assert reader.cache_stats["entries"] == 0  # nothing damaged was cached
     b.close()
+
+
+def test_after_rewinding_a_newer_checkpoint_outside_the_lineage_is_never_read(pool_address: str) -> None:  # noqa: F811
+    job = _job()
+    a = RemoteReadBackend.connect(pool_address, job, (0, 63), FAST)
+    b = RemoteReadBackend.connect(pool_address, job, (64, 127), FAST)
+    k1, k2 = [k for k in KEYS if k[0] <= 63][:2]
+    a.put(OP_COUNT, k1, b"one")
+    a.snapshot(1), b.snapshot(1)
+    a.put(OP_COUNT, k2, b"two")
+    a.snapshot(2), b.snapshot(2)
+    for x in (a, b):
+        x.restore(1)  # the job rewinds to checkpoint 1; checkpoint 2 stays in the pool
+    assert a.get(OP_COUNT, k2) is None
+    a.put(OP_COUNT, k1, b"three")
+    assert not a.snapshot(3).checkpoint.complete
+    assert a.read_checkpoint == 1  # not 2, although 2 is complete and older than 3
+    assert a.get_many(OP_COUNT, [k1, k2]) == [b"three", None]
+    assert b.snapshot(3).checkpoint.complete
+    assert a.refresh_completion() == 3
+    assert a.get_many(OP_COUNT, [k1, k2]) == [b"three", None]
+    a.close(), b.close()
