@@ -42,6 +42,8 @@ class BackendConfig:
     token: str | None = None
     tls_root_certificates: bytes | None = None
     tls_server_name: str | None = None
+    tls_client_cert: bytes | None = None
+    tls_client_key: bytes | None = None
     sleep: Callable[[float], None] = time.sleep
     seed: int | None = None
 
@@ -56,6 +58,8 @@ class BackendConfig:
             token=self.token,
             tls_root_certificates=self.tls_root_certificates,
             tls_server_name=self.tls_server_name,
+            tls_client_cert=self.tls_client_cert,
+            tls_client_key=self.tls_client_key,
             sleep=self.sleep,
             seed=self.seed,
         )

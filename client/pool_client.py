@@ -46,6 +46,9 @@ class PoolClientConfig:
     # PEM root certificates: set to talk TLS to the pool.
     tls_root_certificates: bytes | None = None
     tls_server_name: str | None = None
+    # PEM client certificate chain and key, for pools that require mutual TLS
+    tls_client_cert: bytes | None = None
+    tls_client_key: bytes | None = None
     sleep: Callable[[float], None] = time.sleep
     seed: int | None = None
 
@@ -143,7 +146,11 @@ class PoolClient:
         if self.config.tls_root_certificates is not None:
             if self.config.tls_server_name:
                 options.append(("grpc.ssl_target_name_override", self.config.tls_server_name))
-            creds = grpc.ssl_channel_credentials(root_certificates=self.config.tls_root_certificates)
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=self.config.tls_root_certificates,
+                private_key=self.config.tls_client_key,
+                certificate_chain=self.config.tls_client_cert,
+            )
             self._channel = grpc.secure_channel(address, creds, options=options)
         else:
             self._channel = grpc.insecure_channel(address, options=options)
