@@ -119,6 +119,8 @@ def _current_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
 
 
 def _size(message: Any) -> int:
+    if isinstance(message, bytes | bytearray | memoryview):
+        return len(message)  # a message the servicer encoded itself
     try:
         return message.ByteSize()
     except AttributeError:

@@ -17,8 +17,7 @@ from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.errors import StatusInterceptor
 from pool.metrics import PoolMetrics
-from pool.servicer import SERVICE_NAME, RemotePoolServicer
-from protos import remote_pool_pb2_grpc as pb_grpc
+from pool.servicer import SERVICE_NAME, RemotePoolServicer, add_to_server
 from snapshot.errors import InvalidArgumentError, UnavailableError
 from store.objects import ObjectStore, StoreConfig, open_store
 from store.retry import RetryingStore, StoreRetryConfig
@@ -121,7 +120,7 @@ class PoolServer:
             + ([("grpc.max_concurrent_streams", self.config.max_concurrent_streams)] if self.config.max_concurrent_streams else []),
             maximum_concurrent_rpcs=self.config.max_concurrent_rpcs,
         )
-        pb_grpc.add_RemotePoolServicer_to_server(RemotePoolServicer(self.core), server)
+        add_to_server(RemotePoolServicer(self.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
@@ -29,11 +29,25 @@ class _PieceSink:
         self.closed = True
 
 
-def stream_chunks(writer: SnapshotArrowWriter, table: pa.Table, chunk_bytes: int) -> Iterator[bytes]:
+def length_delimited_field_1(size: int) -> bytes:
+    """Protobuf wire header of field 1 as bytes of ``size`` (tag 0x0A, then the varint length): a ScanChunk's data."""
+    out = bytearray(b"\x0a")
+    while True:
+        low = size & 0x7F
+        size >>= 7
+        if size:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def stream_chunks(writer: SnapshotArrowWriter, table: pa.Table, chunk_bytes: int, frame: Callable[[int], bytes] | None = None) -> Iterator[bytes]:
     """The bytes ``writer.write(table)`` would produce, as chunks of ``chunk_bytes`` (the last may be shorter).
 
     Only one chunk is copied at a time: the stream's large pieces are the table's own buffers, so peak
-    memory is the table plus one chunk, not the table plus a second full-size stream buffer.
+    memory is the table plus one chunk, not the table plus a second full-size stream buffer. With
+    ``frame``, each chunk is prefixed by ``frame(len(chunk))`` in the same copy (a protobuf field header).
     """
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -49,7 +63,7 @@ def stream_chunks(writer: SnapshotArrowWriter, table: pa.Table, chunk_bytes: int
             size += take
             offset += take
             if size == chunk_bytes:
-                yield b"".join(pending)
+                yield b"".join([frame(size), *pending] if frame else pending)
                 pending, size = [], 0
     if size:
-        yield b"".join(pending)
+        yield b"".join([frame(size), *pending] if frame else pending)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import snapshot
 from pool.errors import ERROR_CLASS_METADATA_KEY, STATUS_BY_ERROR, status_for
 from pool.server import PoolServer, PoolServerConfig
+from pool.streaming import length_delimited_field_1
 from protos import remote_pool_pb2 as pb
 from store.objects import ObjectStore, StoreConfig
 from tests.pool_server_fixtures import (
@@ -438,3 +439,12 @@ def test_stream_chunks_concatenate_to_the_writer_output(n: int, chunk: int, seed
     chunks = list(stream_chunks(writer, table, chunk))
     assert b"".join(chunks) == writer.write(table)
     assert all(len(c) == chunk for c in chunks[:-1]) and 0 < len(chunks[-1]) <= chunk
+    # framed as ScanChunk messages, each parses back to the same chunk
+    framed = list(stream_chunks(writer, table, chunk, frame=length_delimited_field_1))
+    assert [pb.ScanChunk.FromString(f).data for f in framed] == chunks
+
+
+@pytest.mark.parametrize("size", [1, 127, 128, 16383, 16384, 1 << 20, (1 << 21) + 3])
+def test_scan_chunk_header_is_the_protobuf_encoding(size: int) -> None:
+    data = bytes(size)
+    assert length_delimited_field_1(size) + data == pb.ScanChunk(data=data).SerializeToString()
