@@ -70,6 +70,19 @@ def validate_job(job: object, max_bytes: int = 128) -> str:
     return job
 
 
+def _uint64s(values: Sequence[int]) -> np.ndarray:
+    """op_ids as a uint64 array (one numpy conversion); InvalidArgumentError naming the first that is not a uint64."""
+    if isinstance(values, np.ndarray) and values.dtype == np.uint64:
+        return values
+    try:
+        if any(isinstance(v, float | bool | str | bytes) for v in values[:1]):
+            raise TypeError
+        return np.array(values, dtype=np.uint64)
+    except (TypeError, ValueError, OverflowError):
+        bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _U64), values)
+        raise InvalidArgumentError(f"op_id {bad!r} must be a uint64") from None
+
+
 def _check_id(value: object, what: str, lo: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= MAX_CHECKPOINT_ID:
         raise InvalidArgumentError(f"{what} {value!r} must be an integer in {lo}..{MAX_CHECKPOINT_ID}")
@@ -409,11 +422,15 @@ class PoolCore:
         job = self._job(job)
         if len(op_ids) != len(keys):
             raise InvalidArgumentError(f"{len(op_ids)} op_ids for {len(keys)} keys; they must pair up")
-        for op in op_ids:
-            if isinstance(op, bool) or not isinstance(op, int) or not 0 <= op <= _U64:
-                raise InvalidArgumentError(f"op_id {op!r} must be a uint64")
+        ops = _uint64s(op_ids)
+        try:
+            key_array = pa.array(keys, pa.binary())
+        except (TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InvalidArgumentError(f"keys must be bytes: {exc}") from None
+        if key_array.null_count:
+            raise InvalidArgumentError("keys must be bytes, not None")
         manifest = self._resolve(job, checkpoint_id)
-        found, values = self.reader(job).lookup(manifest, op_ids, [bytes(k) for k in keys])
+        found, values = self.reader(job).lookup(manifest, ops, key_array)
         return found.tolist(), values, manifest.checkpoint_id
 
     def scan_table(self, job: str, checkpoint_id: int, key_groups: KeyGroupRange | None, op_ids: Sequence[int], delta: bytes | None) -> tuple[pa.Table, Manifest]:

@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +17,8 @@ from snapshot import (
     CANONICAL_SCHEMA,
     NUM_KEY_GROUPS,
     ROW_ERASE,
-    composite_keys,
+    ROW_MATERIALISATION,
+    ROW_PUT,
     empty_table,
     filter_key_groups,
     leading_bytes,
@@ -40,11 +42,11 @@ class SegmentCache:
         self.hits = 0
         self.misses = 0
         self._bytes = 0
-        self._items: OrderedDict[Hashable, tuple[pa.Table, int]] = OrderedDict()
+        self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable) -> pa.Table | None:
-        """The cached table, or None (counted as a miss)."""
+    def get(self, key: Hashable) -> Any:
+        """The cached value, or None (counted as a miss)."""
         with self._lock:
             item = self._items.get(key)
             if item is None:
@@ -54,9 +56,9 @@ class SegmentCache:
             self.hits += 1
             return item[0]
 
-    def put(self, key: Hashable, table: pa.Table) -> None:
-        """Insert, evicting least recently used entries beyond max_bytes (an oversized table is not kept)."""
-        size = table.get_total_buffer_size()
+    def put(self, key: Hashable, table: Any, size: int | None = None) -> None:
+        """Insert, evicting least recently used entries beyond max_bytes (an oversized value is not kept)."""
+        size = table.get_total_buffer_size() if size is None else size
         if size > self.max_bytes:
             return
         with self._lock:
@@ -112,51 +114,107 @@ def _live(changelog: pa.Table) -> pa.Table:
     return live.select(["op_id", "key_bytes", "value_bytes"]).cast(CANONICAL_SCHEMA)
 
 
-def search_sorted(table: pa.Table, q_keys: pa.Array, q_ops: np.ndarray) -> np.ndarray:
-    """Row of each (op_id, key) query in a table sorted by (key_bytes, op_id), -1 if absent: a vectorised binary search."""
-    n, m = table.num_rows, len(q_keys)
-    keys = table.column("key_bytes")
-    lo = np.zeros(m, dtype=np.int64)
-    hi = np.full(m, n, dtype=np.int64)
-    active = np.flatnonzero(lo < hi)
-    while active.size:  # about log2(n) rounds, each comparing every open query at once
-        mid = (lo[active] + hi[active]) // 2
-        less = pc.less(keys.take(pa.array(mid)), q_keys.take(pa.array(active))).to_numpy(zero_copy_only=False)
-        lo[active[less]] = mid[less] + 1
-        hi[active[~less]] = mid[~less]
-        active = active[lo[active] < hi[active]]
-    pos = np.full(m, -1, dtype=np.int64)
-    cand = np.flatnonzero(lo < n)
-    step = 0
-    while cand.size:  # equal keys of several operators sit next to each other, ordered by op_id
-        idx = lo[cand] + step
-        inside = idx < n
-        cand, idx = cand[inside], idx[inside]
-        if not cand.size:
-            break
-        same = pc.equal(keys.take(pa.array(idx)), q_keys.take(pa.array(cand))).to_numpy(zero_copy_only=False)
-        cand, idx = cand[same], idx[same]
-        op_match = table.column("op_id").take(pa.array(idx)).to_numpy(zero_copy_only=False) == q_ops[cand]
-        pos[cand[op_match]] = idx[op_match]
-        cand = cand[~op_match]
-        step += 1
-    return pos
+def _in_sequence(changelogs: list[pa.Table]) -> pa.Table:
+    """Several stored delta layers as one changelog in layer order; their materialisation rows become puts."""
+    if len(changelogs) == 1:
+        return changelogs[0]
+    table = pa.concat_tables(changelogs)
+    kinds = table.column("row_kind")
+    # replay puts materialisations first; inside a stored layer a materialisation is just that layer's value
+    return table.set_column(0, "row_kind", pc.if_else(pc.equal(kinds, ROW_MATERIALISATION), pa.scalar(ROW_PUT, pa.uint8()), kinds))
 
 
-def _take_chunked(column: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
-    """column.take(rows) done chunk by chunk: one take per touched chunk instead of a slow many-chunk gather."""
-    if column.num_chunks <= 1:
-        return column.take(pa.array(rows)).combine_chunks() if isinstance(column, pa.ChunkedArray) else column.take(pa.array(rows))
-    ends = np.cumsum([len(c) for c in column.chunks])
-    chunk_of = np.searchsorted(ends, rows, side="right")
-    order = np.argsort(chunk_of, kind="stable")
-    pieces = []
-    for c in np.unique(chunk_of):
-        sel = order[chunk_of[order] == c]
-        start = ends[c] - len(column.chunk(int(c)))
-        pieces.append(column.chunk(int(c)).take(pa.array(rows[sel] - start)))
-    gathered = pa.concat_arrays(pieces)
-    return gathered.take(pa.array(np.argsort(order, kind="stable")))
+_HASH_EDGE = 16  # bytes hashed from each end of a key; longer middles are told apart by the exact check
+_HASH_BLOCK = 1 << 16
+_HASH_MULTIPLIERS = np.random.default_rng(0x5EED).integers(1, 2**63, size=2 * _HASH_EDGE, dtype=np.uint64) | np.uint64(1)
+
+
+def _mix64(h: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads every input bit over the output."""
+    with np.errstate(over="ignore"):
+        h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return h ^ (h >> np.uint64(31))
+
+
+def hash_keys(op_ids: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A 64-bit hash of every (op_id, key): its length, first and last 16 bytes; vectorised, in blocks of rows."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    n = len(keys)
+    out = np.empty(n, dtype=np.uint64)
+    if n == 0:
+        return out
+    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1, offset=keys.offset * 4).astype(np.int64)
+    raw = keys.buffers()[2]
+    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(1, dtype=np.uint8)
+    cols = np.arange(_HASH_EDGE, dtype=np.int64)
+    for b in range(0, n, _HASH_BLOCK):
+        stop = min(b + _HASH_BLOCK, n)
+        starts, ends = offsets[b:stop], offsets[b + 1 : stop + 1]
+        lens = ends - starts
+        head = starts[:, None] + cols
+        tail = ends[:, None] - 1 - cols
+        gather = np.concatenate([np.minimum(head, np.maximum(ends - 1, 0)[:, None]), np.maximum(tail, starts[:, None])], axis=1)
+        valid = np.concatenate([cols < lens[:, None], cols < lens[:, None]], axis=1)
+        window = np.where(valid, data[np.clip(gather, 0, data.size - 1)], 0).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            h = (window * _HASH_MULTIPLIERS).sum(axis=1, dtype=np.uint64)
+            h ^= lens.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            h ^= _mix64(np.asarray(op_ids[b:stop], dtype=np.uint64))
+        out[b:stop] = _mix64(h)
+    return out
+
+
+@dataclass(frozen=True)
+class KeyIndex:
+    """Rows of some segments in one contiguous table, with their (op_id, key) hashes sorted for np.searchsorted."""
+
+    table: pa.Table
+    hashes: np.ndarray
+    order: np.ndarray
+
+    @classmethod
+    def build(cls, table: pa.Table) -> KeyIndex:
+        """Hash every row once (vectorised) and sort the hashes."""
+        table = table.combine_chunks()
+        hashes = hash_keys(table.column("op_id").to_numpy(), table.column("key_bytes"))
+        order = np.argsort(hashes, kind="stable")
+        return cls(table, hashes[order], order)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (table buffers and the index arrays)."""
+        return self.table.get_total_buffer_size() + self.hashes.nbytes + self.order.nbytes
+
+    def find(self, q_hashes: np.ndarray, q_keys: pa.Array, q_ops: np.ndarray) -> np.ndarray:
+        """Row of each query in the table, -1 if absent; equal hashes are confirmed by comparing the keys."""
+        m, n = len(q_hashes), len(self.hashes)
+        pos = np.full(m, -1, dtype=np.int64)
+        by_hash = np.argsort(q_hashes)
+        slot = np.empty(m, dtype=np.int64)
+        slot[by_hash] = np.searchsorted(self.hashes, q_hashes[by_hash], side="left")  # sorted needles walk memory in order
+        cand = np.arange(m)
+        keys, ops = self.table.column("key_bytes"), self.table.column("op_id")
+        while cand.size:  # one round unless two keys share a hash
+            inside = slot[cand] < n
+            cand = cand[inside]
+            cand = cand[self.hashes[slot[cand]] == q_hashes[cand]]
+            if not cand.size:
+                break
+            rows = self.order[slot[cand]]
+            same = pc.equal(keys.take(pa.array(rows)), q_keys.take(pa.array(cand))).to_numpy(zero_copy_only=False)
+            same &= ops.take(pa.array(rows)).to_numpy(zero_copy_only=False) == q_ops[cand]
+            pos[cand[same]] = rows[same]
+            cand = cand[~same]
+            slot[cand] += 1
+        return pos
+
+
+def _keyed_segments(entry: DataFile) -> tuple[list[Segment], np.ndarray, np.ndarray]:
+    """A file's keyed segments and their key-group bounds as arrays."""
+    segs = [s for s in entry.segments if not s.operator]
+    return segs, np.fromiter((s.kg_lo for s in segs), np.int64, len(segs)), np.fromiter((s.kg_hi for s in segs), np.int64, len(segs))
 
 
 class CheckpointReader:
@@ -277,15 +335,14 @@ class CheckpointReader:
             table = filter_key_groups(table, lo, hi)
         return table
 
-    def _search_index(self, entry: DataFile, segments: Sequence[Segment], table: pa.Table) -> pa.Table:
-        """Several segments as one contiguous chunk (cached): random access into 128 chunks is slow."""
-        if len(segments) == 1:
-            return table
-        key = (self.store.uri, self.job, entry.path, "search-index", tuple(s.offset for s in segments))
+    def key_index(self, entry: DataFile, segments: Sequence[Segment]) -> KeyIndex:
+        """The (cached) hash index over some segments of a file: built once, shared by every checkpoint naming the file."""
+        key = (self.store.uri, self.job, entry.path, "key-index", tuple(s.offset for s in segments))
         index = self.cache.get(key)
         if index is None:
-            index = table.combine_chunks()
-            self.cache.put(key, index)
+            tables = self.load_segments(entry, segments)
+            index = KeyIndex.build(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+            self.cache.put(key, index, index.nbytes)
         return index
 
     def _operator_rows(self, entry: DataFile) -> pa.Table | None:
@@ -318,6 +375,18 @@ class CheckpointReader:
         acc = empty_table()
         if lo > hi:
             return acc
+        pending: list[pa.Table] = []  # consecutive delta layers, applied to acc in one overlay (one copy of acc, not one per layer)
+
+        def flush(acc: pa.Table) -> pa.Table:
+            if not pending:
+                return acc
+            if acc.num_rows == 0 and len(pending) == 1:
+                out = _live(pending[0])  # stored deltas are already resolved (one row per key): nothing to overlay onto
+            else:
+                out = overlay(acc, _in_sequence(pending))
+            pending.clear()
+            return out
+
         for layer in part.layers:
             tables = []
             for path in layer:
@@ -325,9 +394,13 @@ class CheckpointReader:
                 t = self._keyed_rows(entry, lo, hi)
                 if t is not None:
                     tables.append((entry, t))
-            if tables:
-                acc = self._apply_layer(acc, tables, lo, hi)
-        return acc
+            if not tables:
+                continue
+            if all(f.changelog for f, _ in tables):
+                pending.extend(t for _, t in tables)
+            else:
+                acc = self._apply_layer(flush(acc), tables, lo, hi)
+        return flush(acc)
 
     def part_operator(self, manifest: Manifest, part: Part) -> pa.Table:
         """Canonical operator-state rows of one part after every layer (each layer overlays the older ones)."""
@@ -360,11 +433,18 @@ class CheckpointReader:
     def read_manifest_table(self, manifest: Manifest, key_groups: tuple[int, int] | None = None, op_ids: Sequence[int] | None = None) -> pa.Table:
         """Canonical rows of a loaded manifest: keyed rows of the range part by part, then operator-state rows."""
         lo, hi = _check_range(key_groups)
+        ops = tuple(sorted(set(op_ids))) if op_ids else ()
+        # checkpoints never change, so a read asked for twice is answered from the cache
+        cache_key = (self.store.uri, self.job, "table", manifest.checkpoint_id, manifest.created_at_ms, lo, hi, ops)
+        cached = self.cache.get(cache_key)
+        if cached is not None:
+            return cached
         tables = [self.part_keyed(manifest, p, lo, hi) for p in manifest.parts if p.overlaps(lo, hi)]
         tables.append(self.operator_view(manifest))
         table = pa.concat_tables([t.cast(CANONICAL_SCHEMA) for t in tables])
-        if op_ids:
-            table = table.filter(pc.is_in(table.column("op_id"), value_set=pa.array(list(op_ids), pa.uint64())))
+        if ops:
+            table = table.filter(pc.is_in(table.column("op_id"), value_set=pa.array(list(ops), pa.uint64())))
+        self.cache.put(cache_key, table)
         return table
 
     def read_table(self, checkpoint_id: int, key_groups: tuple[int, int] | None = None, op_ids: Sequence[int] | None = None) -> pa.Table:
@@ -375,7 +455,7 @@ class CheckpointReader:
                 raise NotFoundError(f"job {self.job} has no complete checkpoint in {self.store.uri}")
         return self.read_manifest_table(self.manifest(checkpoint_id), key_groups, op_ids)
 
-    def lookup(self, manifest: Manifest, op_ids: Sequence[int], keys: Sequence[bytes]) -> tuple[np.ndarray, list[bytes]]:
+    def lookup(self, manifest: Manifest, op_ids: Sequence[int] | np.ndarray, keys: Sequence[bytes] | pa.Array) -> tuple[np.ndarray, list[bytes]]:
         """Point reads: (found mask, values) answered by the newest layer holding each key; erases hide older values."""
         n = len(keys)
         if len(op_ids) != n:
@@ -384,36 +464,30 @@ class CheckpointReader:
         values: list[bytes] = [b""] * n
         if n == 0:
             return found, values
-        q_ops = pa.array(list(op_ids), pa.uint64())
-        q_keys = pa.array(list(keys), pa.binary())
-        q_comp = composite_keys(q_ops, q_keys)
+        q_keys = keys if isinstance(keys, pa.Array) else pa.array(list(keys), pa.binary())
+        q_ops = np.asarray(op_ids, dtype=np.uint64)
+        q_hash = hash_keys(q_ops, q_keys)
         lead = leading_bytes(q_keys)
         empty = pc.equal(pc.binary_length(q_keys), 0).to_numpy(zero_copy_only=False)
         keyed = (lead < NUM_KEY_GROUPS) & ~empty
 
-        q_op_np = np.asarray(list(op_ids), dtype=np.uint64)
-
-        def answer(idx: np.ndarray, table: pa.Table, changelog: bool, is_sorted: bool = True) -> np.ndarray:
-            """Resolve queries idx against table; returns which of idx were decided (hit, or erased)."""
-            if table.num_rows == 0 or idx.size == 0:
+        def answer(idx: np.ndarray, index: KeyIndex, changelog: bool) -> np.ndarray:
+            """Resolve queries idx against one index; returns which of idx were decided (hit, or erased)."""
+            if index.table.num_rows == 0 or idx.size == 0:
                 return np.zeros(idx.size, dtype=bool)
-            if is_sorted:  # data files are sorted by (key, op_id): binary search, nothing hashed per call
-                pos = search_sorted(table, q_keys.take(pa.array(idx)), q_op_np[idx])
-            else:
-                comp = composite_keys(table.column("op_id"), table.column("key_bytes"))
-                pos = pc.fill_null(pc.index_in(q_comp.take(pa.array(idx)), value_set=comp), -1).to_numpy(zero_copy_only=False)
+            pos = index.find(q_hash[idx], q_keys.take(pa.array(idx)), q_ops[idx])
             hit = pos >= 0
             if not hit.any():
                 return hit
-            rows = pos[hit].astype(np.int64)
+            rows = pa.array(pos[hit])
             hit_idx = idx[hit]
-            vals = _take_chunked(table.column("value_bytes"), rows).to_pylist()
             live = np.ones(hit_idx.size, dtype=bool)
             if changelog:
-                live = _take_chunked(table.column("row_kind"), rows).to_numpy(zero_copy_only=False) != ROW_ERASE
-            for j, (i, v) in enumerate(zip(hit_idx.tolist(), vals, strict=True)):  # loop over answered keys, not rows
-                if live[j]:
-                    found[i] = True
+                live = index.table.column("row_kind").take(rows).to_numpy(zero_copy_only=False) != ROW_ERASE
+            found[hit_idx[live]] = True
+            vals = index.table.column("value_bytes").take(rows).to_pylist()
+            for i, v, alive in zip(hit_idx.tolist(), vals, live.tolist(), strict=True):  # loop over answered keys, not rows
+                if alive:
                     values[i] = v
             return hit
 
@@ -429,17 +503,28 @@ class CheckpointReader:
                     inside = pending[(lead[pending] >= entry.kg_lo) & (lead[pending] <= entry.kg_hi)]
                     if inside.size == 0:
                         continue
+                    keyed_segs, seg_lo, seg_hi = _keyed_segments(entry)
                     groups = np.unique(lead[inside])
-                    segs = [s for s in entry.segments if not s.operator and np.any((groups >= s.kg_lo) & (groups <= s.kg_hi))]
+                    # a segment is needed when a queried key group lies in it (vectorised over segments x groups)
+                    needed = ((seg_lo[:, None] <= groups[None, :]) & (groups[None, :] <= seg_hi[:, None])).any(axis=1)
+                    segs = [keyed_segs[i] for i in np.flatnonzero(needed)]
                     decided = np.zeros(inside.size, dtype=bool)
                     if segs:
-                        tables = self.load_segments(entry, segs)
-                        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-                        decided = answer(inside, self._search_index(entry, segs, table), entry.changelog)
+                        # a few segments: index just those; many: index the whole file once for every later lookup
+                        decided = answer(inside, self.key_index(entry, segs if len(segs) <= 4 else keyed_segs), entry.changelog)
                     if not entry.changelog:
                         decided[:] = True  # a base is complete for its range: a miss there is final
                     pending = np.setdiff1d(pending, inside[decided], assume_unique=True)
         op_idx = np.flatnonzero(lead >= NUM_KEY_GROUPS)
         if op_idx.size:
-            answer(op_idx, self.operator_view(manifest), False, is_sorted=False)
+            answer(op_idx, self.operator_index(manifest), False)
         return found, values
+
+    def operator_index(self, manifest: Manifest) -> KeyIndex:
+        """The (cached) hash index of a checkpoint's operator-state view."""
+        key = (self.store.uri, self.job, "op-index", manifest.checkpoint_id, manifest.created_at_ms)
+        index = self.cache.get(key)
+        if index is None:
+            index = KeyIndex.build(self.operator_view(manifest))
+            self.cache.put(key, index, index.nbytes)
+        return index

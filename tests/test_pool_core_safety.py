@@ -293,6 +293,11 @@ def test_bad_commits_are_invalid_and_change_nothing(store):
         KeyGroupRange(5, 200)
     with pytest.raises(InvalidArgumentError):
         core.multi_get("j", 0, [1, 2], [b"\x01k"])
+    for bad_op in (-1, 2**64, "x"):
+        with pytest.raises(InvalidArgumentError, match="op_id"):
+            core.multi_get("j", 0, [bad_op], [b"\x01k"])
+    with pytest.raises(InvalidArgumentError, match="keys"):
+        core.multi_get("j", 0, [1], [None])
     with pytest.raises(InvalidArgumentError):
         core.scan("j", 0, None, [], b"junk delta")
 

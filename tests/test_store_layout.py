@@ -15,7 +15,7 @@ import snapshot as s
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange, PoolConfig
 from snapshot.errors import ChecksumMismatchError, CorruptDataError
-from store.checkpoint import CheckpointReader, SegmentCache, search_sorted
+from store.checkpoint import CheckpointReader, KeyIndex, SegmentCache, hash_keys
 from store.datafile import KIND_DELTA, decode_segment, encode_datafile, sort_for_layout, verify_file, verify_segment
 from store.manifest import metadata_key, parse_manifest
 
@@ -180,10 +180,10 @@ def test_manifest_json_has_only_relative_paths(committed):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    rows=st.dictionaries(st.tuples(st.integers(0, 3), st.binary(min_size=1, max_size=4)), st.binary(max_size=3), max_size=60),
-    probes=st.lists(st.tuples(st.integers(0, 3), st.binary(min_size=1, max_size=4)), max_size=30),
+    rows=st.dictionaries(st.tuples(st.integers(0, 3), st.binary(min_size=1, max_size=40)), st.binary(max_size=3), max_size=60),
+    probes=st.lists(st.tuples(st.integers(0, 3), st.binary(min_size=1, max_size=40)), max_size=30),
 )
-def test_search_sorted_matches_a_dict(rows, probes):
+def test_key_index_matches_a_dict(rows, probes):
     table = pa.table(
         {
             "op_id": pa.array([k[0] for k in rows], pa.uint64()),
@@ -191,14 +191,29 @@ def test_search_sorted_matches_a_dict(rows, probes):
             "value_bytes": pa.array(list(rows.values()), pa.binary()),
         }
     )
-    table = sort_for_layout(table)
+    index = KeyIndex.build(sort_for_layout(table))
     queries = probes + list(rows)[:10]
-    pos = search_sorted(table, pa.array([q[1] for q in queries], pa.binary()), np.array([q[0] for q in queries], dtype=np.uint64))
-    values = table.column("value_bytes").to_pylist()
+    q_keys = pa.array([q[1] for q in queries], pa.binary())
+    q_ops = np.array([q[0] for q in queries], dtype=np.uint64)
+    pos = index.find(hash_keys(q_ops, q_keys), q_keys, q_ops)
+    values = index.table.column("value_bytes").to_pylist()
     for q, p in zip(queries, pos.tolist(), strict=True):
         assert (p >= 0) == (q in rows)
         if p >= 0:
             assert values[p] == rows[q]
+
+
+def test_key_index_survives_hash_collisions():
+    """Keys equal in length and in their first and last 16 bytes hash alike; the exact check still tells them apart."""
+    keys = [b"\x01" + b"a" * 20 + bytes([c]) + b"b" * 20 for c in range(50)]
+    table = pa.table({"op_id": pa.array([7] * 50, pa.uint64()), "key_bytes": pa.array(keys, pa.binary()), "value_bytes": pa.array([bytes([c]) for c in range(50)], pa.binary())})
+    index = KeyIndex.build(table)
+    assert len(set(index.hashes.tolist())) == 1  # all collide
+    q_keys = pa.array(keys[::-1] + [b"\x01" + b"a" * 20 + b"\xff" + b"b" * 20], pa.binary())
+    q_ops = np.full(51, 7, dtype=np.uint64)
+    pos = index.find(hash_keys(q_ops, q_keys), q_keys, q_ops)
+    assert index.table.column("value_bytes").take(pa.array(pos[:50])).to_pylist() == [bytes([c]) for c in range(49, -1, -1)]
+    assert pos[50] == -1
 
 
 def test_a_child_may_build_on_a_parent_still_in_flight(file_store):
