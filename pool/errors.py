@@ -138,6 +138,8 @@ class StatusInterceptor(grpc.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method.rsplit("/", 1)[-1]
+        if handler.request_deserializer is not None:
+            handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=self._unary_unary(method, handler.unary_unary))
         if handler.stream_unary is not None:
@@ -153,7 +155,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
             call = _Call(method, self.observer)
             call.bytes_in = _size(request)
             try:
-                response = behavior(request, context)
+                response = behavior(_decoded(request, method), context)
             except Exception as exc:
                 call.fail(exc, context)
                 raise
@@ -181,7 +183,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
         def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             call = _Call(method, self.observer)
             call.bytes_in = _size(request)
-            yield from _guarded_stream(lambda: behavior(request, context), call, context)
+            yield from _guarded_stream(lambda: behavior(_decoded(request, method), context), call, context)
 
         return wrapped
 
@@ -193,8 +195,34 @@ class StatusInterceptor(grpc.ServerInterceptor):
         return wrapped
 
 
+class _Undecodable:
+    """Stands in for a request message that did not parse, so the handler can answer INVALID_ARGUMENT instead of INTERNAL."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def decode(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as exc:  # noqa: BLE001 - any parse failure (truncated fields, bad UTF-8 in strings) is the caller's
+            return _Undecodable(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+    return decode
+
+
+def _decoded(message: Any, method: str) -> Any:
+    if isinstance(message, _Undecodable):
+        raise InvalidArgumentError(f"{method}: the request is not a valid protobuf message ({message.reason})")
+    return message
+
+
 def _counting(request_iterator: Iterator[Any], call: _Call) -> Iterator[Any]:
     for message in request_iterator:
+        message = _decoded(message, call.method)
         call.bytes_in += _size(message)
         yield message
 
