@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 
 from pool.core import PoolCore
 from pool.domain import CheckpointInfo, CommitRequest, KeyGroupRange
@@ -90,9 +91,9 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
 
     def MultiGet(self, request: pb.MultiGetRequest, context: grpc.ServicerContext) -> pb.MultiGetResponse:
         keys = list(request.keys)
-        op_ids = list(request.op_ids)
+        op_ids = np.array(request.op_ids, dtype=np.uint64)  # one C-level conversion, no Python int per key
         if len(op_ids) == 1 and len(keys) > 1:
-            op_ids = op_ids * len(keys)  # the proto allows one op_id shared by every key; the core pairs them
+            op_ids = np.full(len(keys), op_ids[0], dtype=np.uint64)  # the proto allows one op_id shared by every key
         found, values, checkpoint_id = self.core.multi_get(request.job, request.checkpoint_id, op_ids, keys)
         return pb.MultiGetResponse(found=found, values=values, checkpoint_id=checkpoint_id)
 

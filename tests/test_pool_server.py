@@ -160,6 +160,7 @@ def test_bad_input_gets_the_right_status_and_changes_nothing(served: tuple[PoolS
     expect(nf, lambda: pool.scan_bytes(job, 99))
     expect(nf, lambda: pool.multi_get(job, 99, [OPS[0]], keys[:3]))
     expect(nf, lambda: pool.stub.DescribeCheckpoint(pb.DescribeCheckpointRequest(job=job, checkpoint_id=42), timeout=10))
+    expect(ia, lambda: pool.multi_get(job, 1, [OPS[0], OPS[1]], keys[:3]), "op_ids")
     # malformed Arrow, and a canonical (not changelog) stream where a changelog is required
     expect(ia, lambda: pool.commit(job, 2, 1, epoch, b"not an arrow stream at all", lo=0, hi=63))
     sink = pa.BufferOutputStream()
