@@ -380,10 +380,10 @@ class CheckpointReader:
         def flush(acc: pa.Table) -> pa.Table:
             if not pending:
                 return acc
-            if acc.num_rows == 0 and len(pending) == 1:
-                out = _live(pending[0])  # stored deltas are already resolved (one row per key): nothing to overlay onto
-            else:
-                out = overlay(acc, _in_sequence(pending))
+            rest = pending
+            if acc.num_rows == 0:
+                acc, rest = _live(pending[0]), pending[1:]  # a stored delta is already resolved: onto nothing it is just its puts
+            out = overlay(acc, _in_sequence(rest)) if rest else acc
             pending.clear()
             return out
 
