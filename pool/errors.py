@@ -62,23 +62,27 @@ def describe(exc: BaseException) -> str:
 
 
 class RpcObserver(Protocol):
-    """Receives one call per finished RPC (metrics implement this)."""
+    """Receives one call per finished RPC and one per message on the wire (metrics implement this)."""
 
-    def observe(self, method: str, code: grpc.StatusCode, seconds: float, bytes_in: int, bytes_out: int) -> None:
+    def observe(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         """Record one finished RPC."""
+
+    def received(self, method: str, nbytes: int) -> None:
+        """Record one request message of ``nbytes`` serialized bytes."""
+
+    def sent(self, method: str, nbytes: int) -> None:
+        """Record one response message of ``nbytes`` serialized bytes."""
 
 
 class _Call:
-    """Book-keeping of one RPC: bytes counted, outcome decided once."""
+    """Book-keeping of one RPC: its outcome, decided once."""
 
-    __slots__ = ("method", "observer", "started", "bytes_in", "bytes_out", "done")
+    __slots__ = ("method", "observer", "started", "done")
 
     def __init__(self, method: str, observer: RpcObserver | None) -> None:
         self.method = method
         self.observer = observer
         self.started = time.perf_counter()
-        self.bytes_in = 0
-        self.bytes_out = 0
         self.done = False
 
     def finish(self, code: grpc.StatusCode) -> None:
@@ -86,7 +90,7 @@ class _Call:
             return
         self.done = True
         if self.observer is not None:
-            self.observer.observe(self.method, code, time.perf_counter() - self.started, self.bytes_in, self.bytes_out)
+            self.observer.observe(self.method, code, time.perf_counter() - self.started)
 
     def fail(self, exc: BaseException, context: grpc.ServicerContext) -> None:
         """Map ``exc`` to a status and abort the RPC with it (always raises)."""
@@ -118,15 +122,6 @@ def _current_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
         return None
 
 
-def _size(message: Any) -> int:
-    if isinstance(message, bytes | bytearray | memoryview):
-        return len(message)  # a message the servicer encoded itself
-    try:
-        return message.ByteSize()
-    except AttributeError:
-        return 0
-
-
 class StatusInterceptor(grpc.ServerInterceptor):
     """Wraps every handler: domain errors become status codes via STATUS_BY_ERROR, and each RPC is reported to an observer."""
 
@@ -140,6 +135,12 @@ class StatusInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method.rsplit("/", 1)[-1]
         if handler.request_deserializer is not None:
             handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
+        if self.observer is not None:
+            # bytes are counted where grpc hands them over (free), not with ByteSize() walking every message again
+            handler = handler._replace(
+                request_deserializer=_counting_deserializer(handler.request_deserializer, method, self.observer),
+                response_serializer=_counting_serializer(handler.response_serializer, method, self.observer),
+            )
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=self._unary_unary(method, handler.unary_unary))
         if handler.stream_unary is not None:
@@ -153,13 +154,11 @@ class StatusInterceptor(grpc.ServerInterceptor):
     def _unary_unary(self, method: str, behavior: Callable) -> Callable:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
             call = _Call(method, self.observer)
-            call.bytes_in = _size(request)
             try:
                 response = behavior(_decoded(request, method), context)
             except Exception as exc:
                 call.fail(exc, context)
                 raise
-            call.bytes_out = _size(response)
             call.finish(_current_code(context) or grpc.StatusCode.OK)
             return response
 
@@ -169,11 +168,10 @@ class StatusInterceptor(grpc.ServerInterceptor):
         def wrapped(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
             call = _Call(method, self.observer)
             try:
-                response = behavior(_counting(request_iterator, call), context)
+                response = behavior(_decoded_stream(request_iterator, call), context)
             except Exception as exc:
                 call.fail(exc, context)
                 raise
-            call.bytes_out = _size(response)
             call.finish(_current_code(context) or grpc.StatusCode.OK)
             return response
 
@@ -182,7 +180,6 @@ class StatusInterceptor(grpc.ServerInterceptor):
     def _unary_stream(self, method: str, behavior: Callable) -> Callable:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             call = _Call(method, self.observer)
-            call.bytes_in = _size(request)
             yield from _guarded_stream(lambda: behavior(_decoded(request, method), context), call, context)
 
         return wrapped
@@ -190,7 +187,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
     def _stream_stream(self, method: str, behavior: Callable) -> Callable:
         def wrapped(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
             call = _Call(method, self.observer)
-            yield from _guarded_stream(lambda: behavior(_counting(request_iterator, call), context), call, context)
+            yield from _guarded_stream(lambda: behavior(_decoded_stream(request_iterator, call), context), call, context)
 
         return wrapped
 
@@ -220,18 +217,32 @@ def _decoded(message: Any, method: str) -> Any:
     return message
 
 
-def _counting(request_iterator: Iterator[Any], call: _Call) -> Iterator[Any]:
+def _counting_deserializer(deserialize: Callable[[bytes], Any] | None, method: str, observer: RpcObserver) -> Callable[[bytes], Any]:
+    def deserialize_counted(raw: bytes) -> Any:
+        observer.received(method, len(raw))
+        return deserialize(raw) if deserialize is not None else raw
+
+    return deserialize_counted
+
+
+def _counting_serializer(serialize: Callable[[Any], bytes] | None, method: str, observer: RpcObserver) -> Callable[[Any], bytes]:
+    def serialize_counted(message: Any) -> bytes:
+        raw = serialize(message) if serialize is not None else message
+        observer.sent(method, len(raw))
+        return raw
+
+    return serialize_counted
+
+
+def _decoded_stream(request_iterator: Iterator[Any], call: _Call) -> Iterator[Any]:
+    """The stream's messages, each checked to have parsed."""
     for message in request_iterator:
-        message = _decoded(message, call.method)
-        call.bytes_in += _size(message)
-        yield message
+        yield _decoded(message, call.method)
 
 
 def _guarded_stream(start: Callable[[], Iterator[Any]], call: _Call, context: grpc.ServicerContext) -> Iterator[Any]:
     try:
-        for message in start():
-            call.bytes_out += _size(message)
-            yield message
+        yield from start()
     except GeneratorExit:
         # the server closed the stream early (client cancelled)
         call.finish(grpc.StatusCode.CANCELLED)

@@ -42,20 +42,24 @@ class PoolMetrics:
         self.registry = registry or CollectorRegistry()
         self.requests = Counter("clink_pool_requests", "Finished RPCs by method and status code", ["method", "code"], registry=self.registry)
         self.latency = Histogram("clink_pool_request_seconds", "RPC latency by method", ["method"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.bytes_in = Counter("clink_pool_received_bytes", "Protobuf bytes received by method", ["method"], registry=self.registry)
-        self.bytes_out = Counter("clink_pool_sent_bytes", "Protobuf bytes sent by method", ["method"], registry=self.registry)
+        self.bytes_in = Counter("clink_pool_received_bytes", "Serialized request bytes by method", ["method"], registry=self.registry)
+        self.bytes_out = Counter("clink_pool_sent_bytes", "Serialized response bytes by method", ["method"], registry=self.registry)
         self._http: object | None = None
         self._http_thread: threading.Thread | None = None
         self.http_port: int | None = None
 
-    def observe(self, method: str, code: grpc.StatusCode, seconds: float, bytes_in: int, bytes_out: int) -> None:
+    def observe(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         """Record one finished RPC (called by the status interceptor)."""
         self.requests.labels(method, code.name).inc()
         self.latency.labels(method).observe(seconds)
-        if bytes_in:
-            self.bytes_in.labels(method).inc(bytes_in)
-        if bytes_out:
-            self.bytes_out.labels(method).inc(bytes_out)
+
+    def received(self, method: str, nbytes: int) -> None:
+        """Record one request message as received on the wire."""
+        self.bytes_in.labels(method).inc(nbytes)
+
+    def sent(self, method: str, nbytes: int) -> None:
+        """Record one response message as sent on the wire."""
+        self.bytes_out.labels(method).inc(nbytes)
 
     def watch_core(self, stats: Callable[[], Mapping[str, float]]) -> None:
         """Export the core's cache and store counters, read at scrape time."""
