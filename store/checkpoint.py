@@ -19,11 +19,13 @@ from snapshot import (
     ROW_ERASE,
     ROW_MATERIALISATION,
     ROW_PUT,
+    composite_keys,
     empty_table,
     filter_key_groups,
     leading_bytes,
     merge_tables,
     overlay,
+    replay_changelog,
 )
 from snapshot.errors import InvalidArgumentError, NotFoundError
 from store.datafile import DataFile, Segment, decode_segment, verify_file, verify_segment
@@ -112,6 +114,116 @@ def _live(changelog: pa.Table) -> pa.Table:
     erased = pc.equal(changelog.column("row_kind"), ROW_ERASE)
     live = changelog.filter(pc.invert(erased)) if pc.any(erased).as_py() else changelog  # filtering copies: skip it when nothing is erased
     return live.select(["op_id", "key_bytes", "value_bytes"]).cast(CANONICAL_SCHEMA)
+
+
+Piece = tuple[pa.Table, "np.ndarray | None"]  # canonical rows and which of them to keep (None: all)
+_ASSEMBLE_ROWS = 1 << 16  # rows filtered at a time while assembling, so no full-size temporary is ever made
+
+
+def _live_piece(changelog: pa.Table) -> Piece:
+    """The put rows of a resolved changelog, as a piece (no copy: erased rows are masked out)."""
+    table = changelog.select(["op_id", "key_bytes", "value_bytes"]).cast(CANONICAL_SCHEMA)
+    erased = pc.equal(changelog.column("row_kind"), ROW_ERASE)
+    if not pc.any(erased).as_py():
+        return table, None
+    return table, ~erased.to_numpy(zero_copy_only=False) if isinstance(erased, pa.Array) else ~np.concatenate([c.to_numpy(zero_copy_only=False) for c in erased.chunks])
+
+
+def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets as int64, data bytes) of a binary array, zero-copy views."""
+    n = len(arr)
+    offs = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
+    raw = arr.buffers()[2]
+    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
+    return offs, data
+
+
+def assemble(pieces: list[Piece]) -> pa.Table:
+    """The kept rows of several canonical tables as ONE contiguous chunk per column, copied once.
+
+    Filtering a table and then combining its chunks copies everything twice; here rows are filtered a slice at
+    a time straight into preallocated buffers, so the only full-size allocation is the result itself.
+    """
+    work: list[tuple[pa.RecordBatch, np.ndarray | None]] = []
+    for table, mask in pieces:
+        offset = 0
+        for batch in table.select(["op_id", "key_bytes", "value_bytes"]).to_batches(max_chunksize=_ASSEMBLE_ROWS):
+            m = None if mask is None else mask[offset : offset + batch.num_rows]
+            offset += batch.num_rows
+            if batch.num_rows and (m is None or m.any()):
+                work.append((batch, None if m is None or m.all() else m))
+    total = 0
+    byte_totals = [0, 0]
+    for batch, m in work:
+        total += batch.num_rows if m is None else int(m.sum())
+        for j in (0, 1):
+            offs, _ = _binary_parts(batch.column(j + 1))
+            byte_totals[j] += int(offs[-1] - offs[0]) if m is None else int(np.diff(offs)[m].sum())
+    if max(byte_totals) >= 2**31:  # too big for 32-bit offsets in one array: leave it to Arrow's own chunking
+        return pa.concat_tables([t.filter(pa.array(m)) if m is not None else t for t, m in pieces]).cast(CANONICAL_SCHEMA)
+    out_ops = np.empty(total, dtype=np.uint64)
+    out_offs = [np.zeros(total + 1, dtype=np.int32), np.zeros(total + 1, dtype=np.int32)]
+    out_data = [np.empty(byte_totals[0], dtype=np.uint8), np.empty(byte_totals[1], dtype=np.uint8)]
+    row, pos = 0, [0, 0]
+    for batch, m in work:
+        if m is not None:
+            batch = batch.filter(pa.array(m))  # one slice of at most _ASSEMBLE_ROWS rows
+        k = batch.num_rows
+        out_ops[row : row + k] = batch.column(0).to_numpy(zero_copy_only=False)
+        for j in (0, 1):
+            offs, data = _binary_parts(batch.column(j + 1))
+            size = int(offs[-1] - offs[0])
+            out_data[j][pos[j] : pos[j] + size] = data[offs[0] : offs[-1]]
+            out_offs[j][row : row + k + 1] = offs - offs[0] + pos[j]
+            pos[j] += size
+        row += k
+    keys = pa.Array.from_buffers(pa.binary(), total, [None, pa.py_buffer(out_offs[0]), pa.py_buffer(out_data[0])])
+    values = pa.Array.from_buffers(pa.binary(), total, [None, pa.py_buffer(out_offs[1]), pa.py_buffer(out_data[1])])
+    return pa.Table.from_arrays([pa.array(out_ops, pa.uint64()), keys, values], schema=CANONICAL_SCHEMA)
+
+
+def _overlay_pieces(pieces: list[Piece], changelog: pa.Table) -> list[Piece]:
+    """snapshot.overlay without copying: rows the changelog overwrites or erases are masked out, its puts appended."""
+    resolved = replay_changelog(changelog)
+    if resolved.num_rows == 0:
+        return pieces
+    r_keys = resolved.column("key_bytes").combine_chunks()
+    r_comp = composite_keys(resolved.column("op_id"), r_keys)
+    out: list[Piece] = []
+    for table, mask in pieces:
+        if table.num_rows == 0:
+            continue
+        cand = pc.is_in(table.column("key_bytes"), value_set=r_keys)  # one hash table for every chunk
+        cand_np = np.concatenate([c.to_numpy(zero_copy_only=False) for c in cand.chunks]) if isinstance(cand, pa.ChunkedArray) else cand.to_numpy(zero_copy_only=False)
+        if mask is not None:
+            cand_np &= mask
+        idx = np.flatnonzero(cand_np)
+        if idx.size:
+            comps, start = [], 0
+            for batch in table.to_batches():  # take per chunk: a take across many chunks would concatenate them all
+                local = idx[(idx >= start) & (idx < start + batch.num_rows)] - start
+                if local.size:
+                    sub = batch.take(pa.array(local))
+                    comps.append(composite_keys(sub.column(0), sub.column(1)))
+                start += batch.num_rows
+            hit = pc.is_in(pa.concat_arrays(comps), value_set=r_comp).to_numpy(zero_copy_only=False)
+            if hit.any():
+                mask = np.ones(table.num_rows, dtype=bool) if mask is None else mask.copy()
+                mask[idx[hit]] = False
+        out.append((table, mask))
+    out.append(_live_piece(resolved))
+    return out
+
+
+def _is_in(column: pa.ChunkedArray | pa.Array, values: pa.Array) -> np.ndarray:
+    mask = pc.is_in(column, value_set=values)
+    if isinstance(mask, pa.ChunkedArray):
+        return np.concatenate([c.to_numpy(zero_copy_only=False) for c in mask.chunks]) if mask.num_chunks else np.zeros(0, dtype=bool)
+    return mask.to_numpy(zero_copy_only=False)
+
+
+def _and(mask: np.ndarray | None, other: np.ndarray) -> np.ndarray:
+    return other if mask is None else mask & other
 
 
 def _in_sequence(changelogs: list[pa.Table]) -> pa.Table:
@@ -369,23 +481,22 @@ class CheckpointReader:
             acc = overlay(acc, pa.concat_tables(deltas) if len(deltas) > 1 else deltas[0])
         return acc
 
-    def part_keyed(self, manifest: Manifest, part: Part, lo: int, hi: int) -> pa.Table:
-        """Canonical keyed rows of key groups lo..hi (clipped to the part) after every layer of the part."""
+    def part_keyed_pieces(self, manifest: Manifest, part: Part, lo: int, hi: int) -> list[Piece]:
+        """Keyed rows of key groups lo..hi (clipped to the part) after every layer, as pieces still to assemble."""
         lo, hi = max(lo, part.kg_lo), min(hi, part.kg_hi)
-        acc = empty_table()
         if lo > hi:
-            return acc
-        pending: list[pa.Table] = []  # consecutive delta layers, applied to acc in one overlay (one copy of acc, not one per layer)
+            return []
+        pieces: list[Piece] = []
+        pending: list[pa.Table] = []  # consecutive delta layers, applied together: one pass over what lies below them
 
-        def flush(acc: pa.Table) -> pa.Table:
+        def flush(pieces: list[Piece]) -> list[Piece]:
             if not pending:
-                return acc
-            rest = pending
-            if acc.num_rows == 0:
-                acc, rest = _live(pending[0]), pending[1:]  # a stored delta is already resolved: onto nothing it is just its puts
-            out = overlay(acc, _in_sequence(rest)) if rest else acc
+                return pieces
+            rest = pending[:]
+            if not pieces:
+                pieces, rest = [_live_piece(rest[0])], rest[1:]  # a stored delta is already resolved: onto nothing it is just its puts
             pending.clear()
-            return out
+            return _overlay_pieces(pieces, _in_sequence(rest)) if rest else pieces
 
         for layer in part.layers:
             tables = []
@@ -399,8 +510,14 @@ class CheckpointReader:
             if all(f.changelog for f, _ in tables):
                 pending.extend(t for _, t in tables)
             else:
-                acc = self._apply_layer(flush(acc), tables, lo, hi)
-        return flush(acc)
+                acc = assemble(flush(pieces)) if pieces or pending else empty_table()
+                pieces = [(self._apply_layer(acc, tables, lo, hi), None)]
+        return flush(pieces)
+
+    def part_keyed(self, manifest: Manifest, part: Part, lo: int, hi: int) -> pa.Table:
+        """Canonical keyed rows of key groups lo..hi (clipped to the part) after every layer of the part."""
+        pieces = self.part_keyed_pieces(manifest, part, lo, hi)
+        return assemble(pieces) if pieces else empty_table()
 
     def part_operator(self, manifest: Manifest, part: Part) -> pa.Table:
         """Canonical operator-state rows of one part after every layer (each layer overlays the older ones)."""
@@ -439,11 +556,12 @@ class CheckpointReader:
         cached = self.cache.get(cache_key)
         if cached is not None:
             return cached
-        tables = [self.part_keyed(manifest, p, lo, hi) for p in manifest.parts if p.overlaps(lo, hi)]
-        tables.append(self.operator_view(manifest))
-        table = pa.concat_tables([t.cast(CANONICAL_SCHEMA) for t in tables])
+        pieces = [piece for p in manifest.parts if p.overlaps(lo, hi) for piece in self.part_keyed_pieces(manifest, p, lo, hi)]
+        pieces.append((self.operator_view(manifest), None))
         if ops:
-            table = table.filter(pc.is_in(table.column("op_id"), value_set=pa.array(list(ops), pa.uint64())))
+            wanted = pa.array(list(ops), pa.uint64())
+            pieces = [(t, _and(m, _is_in(t.column("op_id"), wanted))) for t, m in pieces]
+        table = assemble(pieces)  # one contiguous chunk per column: the stream writer need not copy it again
         self.cache.put(cache_key, table)
         return table
 
