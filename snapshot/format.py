@@ -169,12 +169,33 @@ def _check_schema(schema: pa.Schema) -> bool:
     return is_changelog
 
 
-def _open_reader(data: Bytesish | pa.NativeFile) -> ipc.RecordBatchStreamReader:
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+LEGACY_END_OF_STREAM = b"\x00\x00\x00\x00"  # streams written before Arrow 0.15 have no continuation marker
+
+
+def _as_buffer(data: Bytesish | pa.NativeFile) -> pa.Buffer:
+    """The whole stream as one buffer (zero-copy for bytes, buffers and memory maps)."""
     try:
-        source = data if isinstance(data, pa.NativeFile) else pa.BufferReader(data if isinstance(data, pa.Buffer) else pa.py_buffer(data))
-        return ipc.open_stream(source)
+        if isinstance(data, pa.NativeFile):
+            return data.read_buffer()
+        return data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
         raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from None
+
+
+def _open_reader(buffer: pa.Buffer) -> ipc.RecordBatchStreamReader:
+    try:
+        return ipc.open_stream(pa.BufferReader(buffer))
+    except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
+        raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from None
+
+
+def _check_end_of_stream(buffer: pa.Buffer) -> None:
+    """Refuse a stream that stops before its end-of-stream marker: Arrow would read a cut stream as fewer batches (or none)."""
+    legacy = buffer.size >= 4 and buffer.slice(0, 4).to_pybytes() != END_OF_STREAM[:4]
+    marker = LEGACY_END_OF_STREAM if legacy else END_OF_STREAM
+    if buffer.size < len(marker) or buffer.slice(buffer.size - len(marker)).to_pybytes() != marker:
+        raise CorruptSnapshotError("stream does not end with the Arrow end-of-stream marker: it is truncated (or has bytes after the end)")
 
 
 def _check_offsets(column: pa.ChunkedArray, name: str) -> None:
@@ -192,7 +213,8 @@ def _check_offsets(column: pa.ChunkedArray, name: str) -> None:
 
 def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
     """The reference reader: check schema, nulls and metadata; return the table and what it declares."""
-    reader = _open_reader(data)
+    buffer = _as_buffer(data)
+    reader = _open_reader(buffer)
     try:
         schema = reader.schema
         metadata = dict(schema.metadata or {})
@@ -208,6 +230,7 @@ def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
         table.validate()  # buffer sizes; the offsets themselves are checked below
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptSnapshotError(f"stream is truncated or damaged: {exc}") from None
+    _check_end_of_stream(buffer)
     for col, name in zip(table.columns, table.column_names, strict=False):
         if pa.types.is_binary(col.type):
             _check_offsets(col, name)

@@ -411,33 +411,84 @@ def test_damaged_streams_raise_only_typed_errors(changelog, edits) -> None:
 
 @FUZZ
 @given(changelog=st.booleans(), cut=st.integers(0, 10_000))
-def test_truncated_streams_never_read_as_fewer_rows(changelog, cut) -> None:
+def test_truncated_streams_are_refused(changelog, cut) -> None:
     blob = _sample_blob(changelog)
     prefix = blob[: cut % len(blob)]
-    snap = _only_typed_errors(snapshot.read_snapshot, prefix)
-    if snap is not None:  # only a cut that drops just the end-of-stream marker may still read, and then completely
-        assert snap.table.equals(snapshot.read_snapshot(blob).table)
-    if len(prefix) < len(blob) - 8:
-        with pytest.raises(CorruptSnapshotError):
-            snapshot.read_snapshot(prefix)
+    with pytest.raises(CorruptSnapshotError):
+        snapshot.read_snapshot(prefix)
+    with pytest.raises(CorruptSnapshotError):
+        snapshot.canonicalise_state_snapshot(prefix)
+
+
+def _batches_stream(table: pa.Table, max_chunksize: int, end: bool = True) -> bytes:
+    sink = pa.BufferOutputStream()
+    writer = ipc.new_stream(sink, table.schema)
+    for batch in table.to_batches(max_chunksize=max_chunksize):
+        writer.write_batch(batch)
+    if end:
+        writer.close()
+    return sink.getvalue().to_pybytes()
 
 
 def test_multiple_batches_read_as_all_rows_in_order() -> None:
-    # writers emit one batch; the reader still takes a multi-batch stream whole rather than half of it
+    # writers emit one batch; the reader still takes another writer's multi-batch stream whole
     table = canonical_table([(1, b"\x01a|%d" % i, b"v%d" % i) for i in range(7)])
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, CANONICAL_SCHEMA) as writer:
-        for batch in table.to_batches(max_chunksize=3):
-            writer.write_batch(batch)
-    snap = snapshot.read_snapshot(sink.getvalue())
+    snap = snapshot.read_snapshot(_batches_stream(table, 3))
     assert rows_of(snap.table) == rows_of(table)
 
 
-def test_stream_with_no_batch_reads_as_zero_rows() -> None:
+def test_a_stream_cut_at_a_batch_boundary_is_refused_not_read_short() -> None:
+    table = canonical_table([(1, b"\x01a|%d" % i, b"v%d" % i) for i in range(7)])
+    cut = _batches_stream(table, 3, end=False)  # all batches, no end-of-stream marker
+    assert pa.Table.from_batches(list(ipc.open_stream(cut))).num_rows == 7, "plain Arrow reads it without complaint"
+    with pytest.raises(CorruptSnapshotError, match="end-of-stream"):
+        snapshot.read_snapshot(cut)
+    schema_only = _batches_stream(table.slice(0, 0), 3)[:-8]  # the schema message alone
+    assert ipc.open_stream(schema_only).read_all().num_rows == 0, "plain Arrow reads a bare schema as empty state"
+    with pytest.raises(CorruptSnapshotError, match="end-of-stream"):
+        snapshot.read_snapshot(schema_only)
+
+
+def test_bytes_after_the_end_of_stream_are_refused() -> None:
+    with pytest.raises(CorruptSnapshotError, match="end-of-stream"):
+        snapshot.read_snapshot(_sample_blob(False) + b"\x00garbage")
+
+
+def test_stream_with_no_batch_but_an_end_marker_reads_as_zero_rows() -> None:
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, CANONICAL_SCHEMA):
         pass
     assert snapshot.read_snapshot(sink.getvalue()).table.num_rows == 0
+
+
+def test_legacy_stream_without_continuation_markers_reads() -> None:
+    table = canonical_table([(1, b"\x01a|b", b"v")])
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, CANONICAL_SCHEMA, options=ipc.IpcWriteOptions(use_legacy_format=True)) as writer:
+        writer.write_table(table)
+    blob = sink.getvalue().to_pybytes()
+    assert blob[:4] != b"\xff\xff\xff\xff"
+    assert rows_of(snapshot.read_snapshot(blob).table) == rows_of(table)
+    with pytest.raises(CorruptSnapshotError):
+        snapshot.read_snapshot(blob + b"\x01")
+
+
+@pytest.mark.parametrize("source", ["bytes", "bytearray", "memoryview", "buffer", "buffer-reader", "os-file", "memory-map"])
+def test_every_source_kind_reads_the_same(source: str, tmp_path) -> None:
+    blob = _sample_blob(True)
+    path = tmp_path / "s.snap"
+    path.write_bytes(blob)
+    data = {
+        "bytes": lambda: blob,
+        "bytearray": lambda: bytearray(blob),
+        "memoryview": lambda: memoryview(blob),
+        "buffer": lambda: pa.py_buffer(blob),
+        "buffer-reader": lambda: pa.BufferReader(blob),
+        "os-file": lambda: pa.OSFile(str(path)),
+        "memory-map": lambda: pa.memory_map(str(path)),
+    }[source]()
+    snap = snapshot.read_snapshot(data)
+    assert snap.is_changelog and snap.table.equals(snapshot.read_snapshot(blob).table)
 
 
 def test_arrow_file_format_is_refused() -> None:
