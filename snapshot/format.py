@@ -102,9 +102,15 @@ class SnapshotArrowWriter:
 
     def write_buffer(self, table: pa.Table) -> pa.Buffer:
         """The stream as a pyarrow Buffer (no extra copy)."""
-        sink = pa.BufferOutputStream()
-        self.write_to(sink, table)
-        return sink.getvalue()
+        batch = self.record_batch(table)
+        # measure first, then write into an exactly sized buffer: no regrowth copies of a large stream
+        mock = pa.MockOutputStream()
+        with ipc.new_stream(mock, self.schema) as writer:
+            writer.write_batch(batch)
+        buffer = pa.allocate_buffer(mock.size())
+        with ipc.new_stream(pa.FixedSizeBufferWriter(buffer), self.schema) as writer:
+            writer.write_batch(batch)
+        return buffer
 
 
 def write_snapshot(
