@@ -218,7 +218,7 @@ def _check_offsets(column: pa.ChunkedArray, name: str) -> None:
 
 
 def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
-    """The reference reader: check schema, nulls and metadata; return the table and what it declares."""
+    """The reference reader: check the stream is whole, its schema, nulls, offsets and metadata; return the table and what it declares."""
     buffer = _as_buffer(data)
     reader = _open_reader(buffer)
     try:
