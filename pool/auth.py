@@ -5,8 +5,11 @@ from __future__ import annotations
 import fnmatch
 import hmac
 import json
+import os
 import ssl
+import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,17 +55,27 @@ class TlsConfig:
             require_client_auth=self.client_ca_pem is not None,
         )
 
+    @contextmanager
+    def pem_files(self) -> Iterator[tuple[str, str, str | None]]:
+        """(cert, key, client CA or None) as paths of private temporary files, removed on exit (for APIs that take paths)."""
+        with tempfile.TemporaryDirectory(prefix="clink-tls-") as folder:
+            paths = []
+            for name, pem in (("cert.pem", self.cert_chain_pem), ("key.pem", self.private_key_pem), ("ca.pem", self.client_ca_pem)):
+                if pem is None:
+                    paths.append(None)
+                    continue
+                path = os.path.join(folder, name)
+                with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
+                    fh.write(pem)
+                paths.append(path)
+            yield paths[0], paths[1], paths[2]
+
     def ssl_context(self) -> ssl.SSLContext:
         """A server-side SSLContext for the HTTP ports (TLS 1.2+)."""
-        import tempfile
-
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        # load_cert_chain takes paths only: the PEMs go through a private temporary file that is removed at once
-        with tempfile.NamedTemporaryFile(suffix=".pem") as fh:
-            fh.write(self.cert_chain_pem + b"\n" + self.private_key_pem)
-            fh.flush()
-            ctx.load_cert_chain(fh.name)
+        with self.pem_files() as (cert, key, _):
+            ctx.load_cert_chain(cert, key)
         if self.client_ca_pem is not None:
             ctx.load_verify_locations(cadata=self.client_ca_pem.decode())
             ctx.verify_mode = ssl.CERT_REQUIRED

@@ -69,9 +69,14 @@ class PoolMetrics:
         """The exposition text, as the HTTP endpoint serves it."""
         return generate_latest(self.registry)
 
-    def serve_http(self, host: str, port: int) -> int:
-        """Start the /metrics HTTP endpoint; returns the bound port (port 0 picks a free one)."""
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve_http(self, host: str, port: int, tls=None) -> int:
+        """Start the /metrics HTTP endpoint (HTTPS with a pool.auth.TlsConfig); returns the bound port (port 0 picks a free one)."""
+        if tls is not None:
+            with tls.pem_files() as (cert, key, client_ca):
+                server, thread = start_http_server(port, addr=host, registry=self.registry, certfile=cert, keyfile=key, client_cafile=client_ca,
+                                                   client_auth_required=client_ca is not None)
+        else:
+            server, thread = start_http_server(port, addr=host, registry=self.registry)
         self._http, self._http_thread = server, thread
         self.http_port = server.server_port
         return self.http_port

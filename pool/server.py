@@ -133,7 +133,7 @@ class PoolServer:
         self.port = port
         if self.config.metrics_port is not None:
             try:
-                self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port)
+                self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port, tls=self.config.tls)
             except OSError as exc:
                 raise UnavailableError(f"cannot serve metrics on {self.config.metrics_host}:{self.config.metrics_port}: {exc}") from None
         if self.config.http_port is not None:

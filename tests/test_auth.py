@@ -44,7 +44,7 @@ def pki():
 @pytest.fixture
 def secured(tmp_path, pki):
     """A pool with TLS on gRPC and HTTP and the token table of security_fixtures."""
-    config = PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, http_port=0, tls=pki.server_tls(), tokens=token_table())
+    config = PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, http_port=0, metrics_port=0, tls=pki.server_tls(), tokens=token_table())
     server = PoolServer(config, store=FileStore(tmp_path / "store")).start()
     try:
         yield server
@@ -184,6 +184,10 @@ def test_http_export_is_https_and_checks_the_token_per_job(secured, pki):
     for sneaky in ("job-a%2F..%2Fjob-b", "..%2Fjob-b", "job-a%2F%2E%2E%2Fjob-b", "%2E%2E"):
         status, body = _https(f"{base}/jobs/{sneaky}/state.arrow", pki, "tok-a-rw")
         assert status in (400, 403, 404) and b"secret" not in body, sneaky
+    status, body = _https(f"https://127.0.0.1:{secured.metrics_port}/metrics", pki, None)  # the metrics port is HTTPS too
+    assert status == 200 and b"clink_pool_requests" in body
+    with pytest.raises((urllib.error.URLError, http.client.HTTPException, ConnectionError)):
+        urllib.request.urlopen(f"http://127.0.0.1:{secured.metrics_port}/metrics", timeout=5).read()
     with pytest.raises((urllib.error.URLError, http.client.HTTPException, ConnectionError)):  # plain http to the TLS port gets no data
         urllib.request.urlopen(f"http://127.0.0.1:{secured.http_port}/jobs/job-a/state.arrow", timeout=5).read()
 
