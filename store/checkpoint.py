@@ -337,6 +337,7 @@ class CheckpointReader:
         self.job = job
         self.cache = cache if cache is not None else SegmentCache(64 << 20)
         self._manifests: OrderedDict[int, Manifest] = OrderedDict()
+        self._bounds: dict[str, tuple[list[Segment], np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
 
     # ---- listing and manifests -------------------------------------------------------------------------------
@@ -573,21 +574,33 @@ class CheckpointReader:
                 raise NotFoundError(f"job {self.job} has no complete checkpoint in {self.store.uri}")
         return self.read_manifest_table(self.manifest(checkpoint_id), key_groups, op_ids)
 
+    def _segment_bounds(self, entry: DataFile) -> tuple[list[Segment], np.ndarray, np.ndarray]:
+        """A file's keyed segments and their key-group bounds as arrays (memoised by path: data files never change)."""
+        found = self._bounds.get(entry.path)
+        if found is None:
+            found = _keyed_segments(entry)
+            with self._lock:
+                if len(self._bounds) > 4096:
+                    self._bounds.clear()
+                self._bounds[entry.path] = found
+        return found
+
     def lookup(self, manifest: Manifest, op_ids: Sequence[int] | np.ndarray, keys: Sequence[bytes] | pa.Array) -> tuple[np.ndarray, list[bytes]]:
         """Point reads: (found mask, values) answered by the newest layer holding each key; erases hide older values."""
         n = len(keys)
         if len(op_ids) != n:
             raise InvalidArgumentError(f"{len(op_ids)} op_ids for {n} keys; they must pair up")
         found = np.zeros(n, dtype=bool)
-        values: list[bytes] = [b""] * n
         if n == 0:
-            return found, values
+            return found, []
         q_keys = keys if isinstance(keys, pa.Array) else pa.array(list(keys), pa.binary())
         q_ops = np.asarray(op_ids, dtype=np.uint64)
         q_hash = hash_keys(q_ops, q_keys)
         lead = leading_bytes(q_keys)
         empty = pc.equal(pc.binary_length(q_keys), 0).to_numpy(zero_copy_only=False)
-        keyed = (lead < NUM_KEY_GROUPS) & ~empty
+        open_ = (lead < NUM_KEY_GROUPS) & ~empty  # keyed queries not yet decided by a newer layer
+        answered_idx: list[np.ndarray] = []
+        answered_vals: list[pa.Array] = []
 
         def answer(idx: np.ndarray, index: KeyIndex, changelog: bool) -> np.ndarray:
             """Resolve queries idx against one index; returns which of idx were decided (hit, or erased)."""
@@ -597,46 +610,46 @@ class CheckpointReader:
             hit = pos >= 0
             if not hit.any():
                 return hit
-            rows = pa.array(pos[hit])
-            hit_idx = idx[hit]
-            live = np.ones(hit_idx.size, dtype=bool)
+            rows, hit_idx = pos[hit], idx[hit]
             if changelog:
-                live = index.table.column("row_kind").take(rows).to_numpy(zero_copy_only=False) != ROW_ERASE
-            found[hit_idx[live]] = True
-            vals = index.table.column("value_bytes").take(rows).to_pylist()
-            for i, v, alive in zip(hit_idx.tolist(), vals, live.tolist(), strict=True):  # loop over answered keys, not rows
-                if alive:
-                    values[i] = v
+                live = index.table.column("row_kind").take(pa.array(rows)).to_numpy(zero_copy_only=False) != ROW_ERASE
+                rows, hit_idx = rows[live], hit_idx[live]
+            found[hit_idx] = True
+            answered_idx.append(hit_idx)
+            answered_vals.append(index.table.column("value_bytes").take(pa.array(rows)).combine_chunks())
             return hit
 
         for part in manifest.parts:
-            pending = np.flatnonzero(keyed & (lead >= part.kg_lo) & (lead <= part.kg_hi))
+            in_part = (lead >= part.kg_lo) & (lead <= part.kg_hi)
             for layer in reversed(part.layers):
-                if pending.size == 0:
-                    break
                 for path in layer:
-                    if pending.size == 0:
-                        break
                     entry = manifest.file(path)
-                    inside = pending[(lead[pending] >= entry.kg_lo) & (lead[pending] <= entry.kg_hi)]
+                    inside = np.flatnonzero(open_ & in_part & (lead >= entry.kg_lo) & (lead <= entry.kg_hi))
                     if inside.size == 0:
                         continue
-                    keyed_segs, seg_lo, seg_hi = _keyed_segments(entry)
-                    groups = np.unique(lead[inside])
-                    # a segment is needed when a queried key group lies in it (vectorised over segments x groups)
-                    needed = ((seg_lo[:, None] <= groups[None, :]) & (groups[None, :] <= seg_hi[:, None])).any(axis=1)
-                    segs = [keyed_segs[i] for i in np.flatnonzero(needed)]
+                    keyed_segs, seg_lo, seg_hi = self._segment_bounds(entry)
+                    present = np.concatenate([[0], np.cumsum(np.bincount(lead[inside], minlength=NUM_KEY_GROUPS) > 0)])
+                    needed = np.flatnonzero(present[seg_hi + 1] - present[seg_lo] > 0)  # segments holding a queried key group
                     decided = np.zeros(inside.size, dtype=bool)
-                    if segs:
+                    if needed.size:
                         # a few segments: index just those; many: index the whole file once for every later lookup
-                        decided = answer(inside, self.key_index(entry, segs if len(segs) <= 4 else keyed_segs), entry.changelog)
+                        segs = [keyed_segs[i] for i in needed] if needed.size <= 4 else keyed_segs
+                        decided = answer(inside, self.key_index(entry, segs), entry.changelog)
                     if not entry.changelog:
                         decided[:] = True  # a base is complete for its range: a miss there is final
-                    pending = np.setdiff1d(pending, inside[decided], assume_unique=True)
+                    open_[inside[decided]] = False
+                if not open_.any():
+                    break
         op_idx = np.flatnonzero(lead >= NUM_KEY_GROUPS)
         if op_idx.size:
             answer(op_idx, self.operator_index(manifest), False)
-        return found, values
+        if not answered_idx:
+            return found, [b""] * n
+        # one gather puts every answer in query order; unanswered queries read as b""
+        where = np.full(n, -1, dtype=np.int64)
+        where[np.concatenate(answered_idx)] = np.arange(sum(len(a) for a in answered_idx))
+        vals = pa.concat_arrays(answered_vals).take(pa.array(where, mask=where < 0))
+        return found, pc.fill_null(vals, b"").to_pylist()
 
     def operator_index(self, manifest: Manifest) -> KeyIndex:
         """The (cached) hash index of a checkpoint's operator-state view."""
