@@ -236,9 +236,18 @@ def _in_sequence(changelogs: list[pa.Table]) -> pa.Table:
     return table.set_column(0, "row_kind", pc.if_else(pc.equal(kinds, ROW_MATERIALISATION), pa.scalar(ROW_PUT, pa.uint8()), kinds))
 
 
-_HASH_EDGE = 16  # bytes hashed from each end of a key; longer middles are told apart by the exact check
-_HASH_BLOCK = 1 << 16
-_HASH_MULTIPLIERS = np.random.default_rng(0x5EED).integers(1, 2**63, size=2 * _HASH_EDGE, dtype=np.uint64) | np.uint64(1)
+_HASH_BLOCK = 1 << 16  # rows hashed at a time (bounds the per-byte temporaries)
+_HASH_SEED = 0x5EED
+_multipliers = np.random.default_rng(_HASH_SEED).integers(1, 2**63, size=256, dtype=np.uint64) | np.uint64(1)
+
+
+def _position_multipliers(length: int) -> np.ndarray:
+    """Odd 64-bit multipliers for byte positions 0..length-1 (grown on demand, always the same sequence)."""
+    global _multipliers
+    if length > len(_multipliers):
+        size = max(length, 2 * len(_multipliers))
+        _multipliers = np.random.default_rng(_HASH_SEED).integers(1, 2**63, size=size, dtype=np.uint64) | np.uint64(1)
+    return _multipliers
 
 
 def _mix64(h: np.ndarray) -> np.ndarray:
@@ -250,7 +259,11 @@ def _mix64(h: np.ndarray) -> np.ndarray:
 
 
 def hash_keys(op_ids: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A 64-bit hash of every (op_id, key): its length, first and last 16 bytes; vectorised, in blocks of rows."""
+    """A 64-bit hash of every (op_id, key) over all of the key's bytes; vectorised, in blocks of rows.
+
+    Each byte is multiplied by an odd constant of its position and the products summed per key (reduceat),
+    so keys that differ anywhere hash apart; equal hashes are still confirmed by comparing the keys.
+    """
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     n = len(keys)
@@ -259,21 +272,24 @@ def hash_keys(op_ids: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarra
         return out
     offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1, offset=keys.offset * 4).astype(np.int64)
     raw = keys.buffers()[2]
-    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(1, dtype=np.uint8)
-    cols = np.arange(_HASH_EDGE, dtype=np.int64)
+    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
+    ops = np.asarray(op_ids, dtype=np.uint64)
     for b in range(0, n, _HASH_BLOCK):
         stop = min(b + _HASH_BLOCK, n)
         starts, ends = offsets[b:stop], offsets[b + 1 : stop + 1]
         lens = ends - starts
-        head = starts[:, None] + cols
-        tail = ends[:, None] - 1 - cols
-        gather = np.concatenate([np.minimum(head, np.maximum(ends - 1, 0)[:, None]), np.maximum(tail, starts[:, None])], axis=1)
-        valid = np.concatenate([cols < lens[:, None], cols < lens[:, None]], axis=1)
-        window = np.where(valid, data[np.clip(gather, 0, data.size - 1)], 0).astype(np.uint64)
+        total = int(ends[-1] - starts[0])
+        sums = np.zeros(stop - b, dtype=np.uint64)
+        if total:
+            chunk = data[starts[0] : ends[-1]].astype(np.uint64)
+            position = np.arange(total, dtype=np.int64) - np.repeat(starts - starts[0], lens)
+            with np.errstate(over="ignore"):
+                products = chunk * _position_multipliers(int(lens.max()))[position]
+            nonempty = lens > 0
+            sums[nonempty] = np.add.reduceat(products, (starts - starts[0])[nonempty])
         with np.errstate(over="ignore"):
-            h = (window * _HASH_MULTIPLIERS).sum(axis=1, dtype=np.uint64)
-            h ^= lens.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-            h ^= _mix64(np.asarray(op_ids[b:stop], dtype=np.uint64))
+            h = sums ^ (lens.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+            h ^= _mix64(ops[b:stop])
         out[b:stop] = _mix64(h)
     return out
 
