@@ -282,3 +282,34 @@ def test_clink_pool_serve_with_tls_and_token_flags(tmp_path, pki):
     bad = subprocess.run([*cmd[:8], "--tls-cert", str(paths["server_cert_pem"])], cwd=Path(__file__).resolve().parents[1],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "--tls-cert and --tls-key go together" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_max_concurrent_streams_bounds_one_connection_not_the_server(tmp_path):
+    config = PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, max_concurrent_streams=1)
+    server = PoolServer(config, store=FileStore(tmp_path / "store")).start()
+    busy = grpc.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)])
+    other = grpc.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)])
+    release = threading.Event()
+
+    def held():
+        yield pb.CommitChunk(header=pb.CommitHeader(job="j", checkpoint_id=1, key_groups=pb.KeyGroupRange(lo=0, hi=127), epoch=1))
+        release.wait(20)
+
+    try:
+        stub = pb_grpc.RemotePoolStub(busy)
+        assert list(stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs) == []  # connection up, settings exchanged
+        holding = stub.CommitCheckpoint.future(held(), timeout=30)
+        time.sleep(0.2)
+        with pytest.raises(grpc.RpcError) as info:  # the only stream of this connection is taken: the call waits, then times out
+            stub.ListJobs(pb.ListJobsRequest(), timeout=0.5)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert list(pb_grpc.RemotePoolStub(other).ListJobs(pb.ListJobsRequest(), timeout=5).jobs) == []  # another connection is served
+        release.set()
+        with pytest.raises(grpc.RpcError):
+            holding.result()
+        assert list(stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs) == []
+    finally:
+        release.set()
+        busy.close()
+        other.close()
+        server.stop(0)
