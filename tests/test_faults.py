@@ -109,6 +109,7 @@ def test_a_fault_at_every_step_of_a_commit_exposes_nothing_half_written_and_the_
         TOTALS["steps"] += 1
         TOTALS["faults"] += faulty.faults_injected
         shutil.rmtree(root)
+    print(f"\n[faults] no retry wrapper, '{kind}' at each of the {steps} store calls of a two-part commit: nothing half-written, retries succeed")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -137,6 +138,7 @@ def test_retrying_store_absorbs_one_fault_at_every_step(tmp_path: Path, kind: st
         step += 1
     assert steps >= 10
     TOTALS["steps"] += steps
+    print(f"\n[faults] RetryingStore, '{kind}' at each of the {steps} store calls: every commit succeeded on its first call")
 
 
 def test_put_if_absent_after_a_lost_reply_reads_back_and_claims_only_its_own_bytes(file_store):
