@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import hmac
 import json
 import os
@@ -113,7 +114,10 @@ class TokenTable:
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenTable:
-        """Load JSON ({"tokens": [{"token", "jobs", "access", "name"?}]}) or lines ``TOKEN JOBS ACCESS`` (JOBS comma-separated, '#' comments)."""
+        """Load JSON ({"tokens": [{"token", "jobs", "access", "name"?}]}) or lines ``TOKEN JOBS ACCESS`` (JOBS comma-separated, '#' comments).
+
+        A TOKEN may be written as ``sha256:<hex digest of the token>``, so the file holds no usable secret.
+        """
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -147,8 +151,12 @@ class TokenTable:
         if not token:
             raise UnauthenticatedError("no bearer token: send metadata 'authorization: Bearer <token>'")
         found = None
+        presented = token.encode("utf-8", "surrogatepass")
+        digest = "sha256:" + hashlib.sha256(presented).hexdigest()
         for grant in self.grants:
-            if hmac.compare_digest(grant.token.encode(), token.encode()):
+            # a file may hold 'sha256:<hex>' of a token instead of the token itself, so it leaks no usable secret
+            hashed = grant.token.startswith("sha256:")
+            if hmac.compare_digest(grant.token.encode(), digest.encode() if hashed else presented):
                 found = grant
         if found is None:
             raise UnauthenticatedError("the bearer token is not valid for this pool")

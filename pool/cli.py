@@ -132,7 +132,8 @@ def cli() -> None:
 @click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None, help="PEM CA bundle: clients must present a certificate it signed (mutual TLS).")
 @click.option("--token-file", type=click.Path(dir_okay=False), default=None, envvar="CLINK_POOL_TOKEN_FILE",
               help="Require 'authorization: Bearer TOKEN'. Lines 'TOKEN JOB[,JOB..] read|write|rw' ('*' wildcard) or JSON "
-                   '{"tokens": [{"token": .., "jobs": [..], "access": "rw"}]}. Health checks stay open. Env: CLINK_POOL_TOKEN_FILE.')
+                   '{"tokens": [{"token": .., "jobs": [..], "access": "rw"}]}; TOKEN may be sha256:HEX of the token. '
+                   "Health checks stay open. Env: CLINK_POOL_TOKEN_FILE.")
 @click.option("--max-concurrent-rpcs", type=click.IntRange(1), default=None, help="Calls in flight at once; more get RESOURCE_EXHAUSTED. Default: unbounded.")
 @click.option("--max-concurrent-streams", type=click.IntRange(1), default=None, help="HTTP/2 streams per client connection. Default: grpc's.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)

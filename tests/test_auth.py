@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -9,7 +10,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -192,9 +192,23 @@ def test_http_export_is_https_and_checks_the_token_per_job(secured, pki):
         urllib.request.urlopen(f"http://127.0.0.1:{secured.http_port}/jobs/job-a/state.arrow", timeout=5).read()
 
 
+def _count_commits_in_flight(server) -> threading.Semaphore:
+    """A semaphore released once per commit the server has started handling (so tests wait for it, not for a sleep)."""
+    started = threading.Semaphore(0)
+    commit = server.core.commit_checkpoint
+
+    def observed(request, chunks):
+        started.release()
+        return commit(request, chunks)
+
+    server.core.commit_checkpoint = observed
+    return started
+
+
 def test_message_size_and_concurrent_call_limits(tmp_path):
     config = PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, max_message_bytes=1 << 20, max_concurrent_rpcs=2, max_workers=4)
     server = PoolServer(config, store=FileStore(tmp_path / "store")).start()
+    in_flight = _count_commits_in_flight(server)
     channel = grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", 64 << 20)])
     stub = pb_grpc.RemotePoolStub(channel)
     try:
@@ -209,16 +223,10 @@ def test_message_size_and_concurrent_call_limits(tmp_path):
             release.wait(20)
 
         futures = [stub.CommitCheckpoint.future(held(), timeout=30) for _ in range(2)]
-        deadline = time.monotonic() + 10
-        code = None
-        while time.monotonic() < deadline:
-            try:
-                stub.ListJobs(pb.ListJobsRequest(), timeout=5)
-            except grpc.RpcError as exc:
-                code = exc.code()
-                break
-            time.sleep(0.05)
-        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert in_flight.acquire(timeout=20) and in_flight.acquire(timeout=20)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ListJobs(pb.ListJobsRequest(), timeout=5)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         release.set()
         for f in futures:
             with pytest.raises(grpc.RpcError):
@@ -251,6 +259,11 @@ def test_token_files_parse_json_and_lines_and_name_what_is_wrong(tmp_path):
     for text, message in bad:
         with pytest.raises(InvalidArgumentError, match=message):
             TokenTable.parse(text, "t.txt")
+    hashed = TokenTable.parse(f"sha256:{hashlib.sha256(b'only-the-hash').hexdigest()} job-h read\n")
+    assert hashed.authorize("only-the-hash", "job-h", "read")
+    for wrong in ("sha256:" + hashlib.sha256(b"only-the-hash").hexdigest(), "only-the-has"):
+        with pytest.raises(UnauthenticatedError):
+            hashed.authorize(wrong, "job-h", "read")  # the digest itself is not a credential
     with pytest.raises(InvalidArgumentError, match="cannot read token file"):
         TokenTable.from_file(tmp_path / "missing")
 
@@ -287,6 +300,7 @@ def test_clink_pool_serve_with_tls_and_token_flags(tmp_path, pki):
 def test_max_concurrent_streams_bounds_one_connection_not_the_server(tmp_path):
     config = PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, max_concurrent_streams=1)
     server = PoolServer(config, store=FileStore(tmp_path / "store")).start()
+    in_flight = _count_commits_in_flight(server)
     busy = grpc.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)])
     other = grpc.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)])
     release = threading.Event()
@@ -299,7 +313,7 @@ def test_max_concurrent_streams_bounds_one_connection_not_the_server(tmp_path):
         stub = pb_grpc.RemotePoolStub(busy)
         assert list(stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs) == []  # connection up, settings exchanged
         holding = stub.CommitCheckpoint.future(held(), timeout=30)
-        time.sleep(0.2)
+        assert in_flight.acquire(timeout=20)
         with pytest.raises(grpc.RpcError) as info:  # the only stream of this connection is taken: the call waits, then times out
             stub.ListJobs(pb.ListJobsRequest(), timeout=0.5)
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
