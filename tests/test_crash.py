@@ -61,7 +61,7 @@ def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(
     kills_mid_commit = 0
     checked: set[int] = set()  # immutable once verified; the last restart checks every one again
     started = time.monotonic()
-    for _iteration in range(iterations):
+    for iteration in range(iterations):
         pool = PoolProcess(uri, extra, env)
         client = PoolClient(pool.address, NO_RETRY)
         try:
@@ -71,9 +71,10 @@ def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(
             base = models.get(parent, {})
             epochs = [client.acquire_writer(JOB, kg).epoch for kg in HALVES]  # the restarted subtasks fence their predecessors
             in_commit = threading.Event()
+            landed = threading.Event()
             done = threading.Event()
 
-            def run(parent=parent, base=base, epochs=epochs, in_commit=in_commit, done=done, client=client) -> None:
+            def run(parent=parent, base=base, epochs=epochs, in_commit=in_commit, landed=landed, done=done, client=client) -> None:
                 nonlocal next_cid
                 try:
                     while True:
@@ -90,6 +91,7 @@ def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(
                             in_commit.clear()
                         assert result.checkpoint.complete
                         acked.add(cid)
+                        landed.set()
                         parent, base = cid, model
                 except ClinkError:
                     pass  # the pool died under us
@@ -98,6 +100,8 @@ def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(
 
             thread = threading.Thread(target=run, daemon=True)
             thread.start()
+            if iteration % 2:  # every other time, let one checkpoint land first (however slow the machine is), then kill
+                landed.wait(30)
             time.sleep(rng.uniform(0.02, 0.3))
             kills_mid_commit += in_commit.is_set()
             pool.kill9()
