@@ -219,3 +219,65 @@ def test_check_reports_a_corrupt_manifest(two_checkpoints, s3_config, s3_env) ->
     assert code == 1
     fails = _fails(doc)
     assert fails[0]["check"] == "manifest" and fails[0]["path"] == "_metadata"
+
+
+# --- savepoints: a self-contained copy (manifest plus the files it names) under savepoints/<name>/ -------------
+
+
+def _copy_to_savepoint(src_store, dst_store, name: str, cid: int = 2) -> list[str]:
+    """Copy checkpoint cid of JOB to savepoints/<name>/ of another store; returns the data file paths."""
+    manifest = src_store.get(metadata_key(JOB, cid))
+    paths = [f["path"] for f in json.loads(manifest)["files"]]
+    for path in paths:
+        dst_store.put(f"savepoints/{name}/{path}", src_store.get(job_prefix(JOB) + path))
+    dst_store.put(f"savepoints/{name}/_metadata", manifest)
+    return paths
+
+
+@pytest.fixture
+def savepoint(two_checkpoints, make_file_store, make_s3_store):
+    """Checkpoint 2 copied to savepoints/release-1 of a different store of the same kind (relocated)."""
+    store, _, t2 = two_checkpoints
+    other = make_s3_store(prefix="archive") if store.uri.startswith("s3://") else make_file_store("archive")
+    paths = _copy_to_savepoint(store, other, "release-1")
+    return store, other, t2, paths
+
+
+def test_savepoint_reads_as_the_checkpoint_it_was_copied_from(savepoint, s3_config, s3_env) -> None:
+    store, other, t2, _ = savepoint
+    pre = _args(store, s3_config)
+    for src in (f"{other.uri}/savepoints/release-1", f"{other.uri}/savepoints/release-1/_metadata"):
+        result = run([*pre, "state-cat", src, "--limit", "0", "-o", "json"], env=s3_env)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["total_rows"] == t2.num_rows
+    same = run([*pre, "state-diff", f"{other.uri}/savepoints/release-1", _chk(store, 2)], env=s3_env)
+    assert same.exit_code == 0, same.output
+    result = run(
+        [
+            *pre,
+            "check-savepoint",
+            f"{other.uri}/savepoints/release-1",
+            "-o",
+            "json",
+            *sum((["--expect-uid", u] for u in ("source", "window", "sink")), []),
+        ],
+        env=s3_env,
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["rows"] == t2.num_rows
+
+
+def test_check_savepoint_names_damaged_and_missing_files(savepoint, s3_config, s3_env) -> None:
+    store, other, _, paths = savepoint
+    pre = _args(store, s3_config)
+    data = bytearray(other.get(f"savepoints/release-1/{paths[0]}"))
+    data[-3] ^= 0x40
+    other.put(f"savepoints/release-1/{paths[0]}", bytes(data))
+    other.delete(f"savepoints/release-1/{paths[-1]}")
+    result = run([*pre, "check-savepoint", f"{other.uri}/savepoints/release-1", "-o", "json"], env=s3_env)
+    assert result.exit_code == 1, result.output
+    fails = [(f["check"], f["path"]) for f in json.loads(result.stdout)["findings"] if f["status"] == "fail"]
+    assert sorted(fails) == sorted([("checksum", paths[0]), ("presence", paths[-1])])
+    missing = run([*pre, "check-savepoint", f"{other.uri}/savepoints/nope"], env=s3_env)
+    assert missing.exit_code == 2
+    assert "nope" in one_line_error(missing)
