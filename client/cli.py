@@ -595,6 +595,8 @@ Formats:
            in the file's key-value metadata (a derived projection, not restorable)
   iceberg  the same five columns as an Iceberg table (op_id bit-cast to long, key_group int)
            in the catalog you name; a local SQL catalog needs no server
+  query    Parquet of the query projection (the five columns plus kind, key_text, key_int64,
+           value_size, value_text, value_int64: what state-query sees as the table state)
 
 \b
 Examples:
@@ -615,7 +617,7 @@ Files are written to a temporary name and renamed into place: a failed export le
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["arrow", "parquet", "iceberg"]),
+    type=click.Choice(["arrow", "parquet", "iceberg", "query"]),
     help="Output format; default: from --out's suffix (.parquet, else arrow), iceberg when --table is given.",
 )
 @_selection_options
@@ -639,7 +641,7 @@ def state_export(
 ):
     """Export SRC as an Arrow snapshot stream, a Parquet file or an Iceberg table."""
     fmt = fmt or _infer_format(dst, table_name)
-    if fmt in ("arrow", "parquet") and not dst:
+    if fmt in ("arrow", "parquet", "query") and not dst:
         raise click.UsageError(f"--out is required for --format {fmt}")
     if fmt == "iceberg":
         missing = [name for name, value in (("--catalog-uri", catalog_uri), ("--table", table_name)) if not value]
@@ -659,8 +661,8 @@ def state_export(
         if fmt == "arrow":
             written = _export_arrow(source, dst, step)
             where = dst
-        elif fmt == "parquet":
-            written = _export_parquet(source, dst, row_group_rows, step)
+        elif fmt in ("parquet", "query"):
+            written = _export_parquet(source, dst, row_group_rows, step, query=fmt == "query")
             where = dst
         else:
             written, where = _export_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if_exists, step)
@@ -716,13 +718,17 @@ def _export_arrow(source, dst: str, step) -> int | None:
     return Path(dst).stat().st_size
 
 
-def _export_parquet(source, dst: str, row_group_rows: int, step) -> int:
+def _export_parquet(source, dst: str, row_group_rows: int, step, query: bool = False) -> int:
     import pyarrow.parquet as pq
 
-    from client.projections import parquet_projection
+    from client.projections import parquet_projection, projection_metadata, query_projection
 
     rows = source.table.num_rows
-    projected = parquet_projection(source.table, source.format_version, source.state_versions)
+    if query:
+        meta = projection_metadata(source.format_version, source.state_versions, "query/1")
+        projected = query_projection(source.table).replace_schema_metadata(meta)
+    else:
+        projected = parquet_projection(source.table, source.format_version, source.state_versions)
     advance = step("writing parquet", total=max(rows, 1))
     with _atomic_output(dst) as tmp:
         with pq.ParquetWriter(tmp, projected.schema, compression="zstd") as writer:

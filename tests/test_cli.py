@@ -457,3 +457,18 @@ def test_progress_bars_draw_on_request_and_keep_stdout_clean(snap, tmp_path: Pat
     assert result.stdout.count("\n") == 1 and f"exported {table.num_rows} entries" in result.stdout
     quiet = run(["state-export", "--from", str(path), "--out", str(out), "--no-progress"])
     assert quiet.exit_code == 0 and quiet.stderr == ""
+
+
+def test_export_query_projection_matches_state_query(snap, tmp_path: Path) -> None:
+    path, table = snap
+    out = tmp_path / "q.parquet"
+    result = run(["state-export", "--from", str(path), "--out", str(out), "--format", "query"])
+    assert result.exit_code == 0, result.output
+    sql = "SELECT slot, kind, count(*) AS n, sum(value_int64) AS s, count(key_int64) AS k FROM {} GROUP BY ALL ORDER BY ALL"
+    from_file = duckdb.connect().execute(sql.format(f"'{out}'")).fetchall()
+    via_cli = json.loads(run(["state-query", str(path), sql.format("state"), "-o", "json"]).stdout)["rows"]
+    assert [tuple(r.values()) for r in via_cli] == [
+        tuple(int(v) if hasattr(v, "as_integer_ratio") and v is not None else v for v in row) for row in from_file
+    ]
+    assert sum(r[2] for r in from_file) == table.num_rows
+    assert pq.ParquetFile(out).metadata.metadata[b"clink.projection"] == b"query/1"
