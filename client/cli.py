@@ -294,25 +294,30 @@ def state_cat(ctx, src, limit, slots, width, key_groups, ops, output):
     from client.projections import decode_keys, preview, render_bytes
 
     source = _load(ctx, src, key_groups, ops)
-    table = source.table
-    decoded = decode_keys(table.column("key_bytes"))
-    table = pa.table(
+    table = source.table.select(["op_id", "key_bytes", "value_bytes"])
+    if slots:
+        wanted = pc.is_in(decode_keys(table.column("key_bytes")).column("slot"), value_set=pa.array(list(slots), pa.string()))
+        table = table.filter(wanted)
+    total = table.num_rows
+    order = [("op_id", "ascending"), ("key_bytes", "ascending")]
+    if 0 < limit < total:
+        # the first rows in key order without sorting everything
+        table = table.take(pc.select_k_unstable(table, k=limit, sort_keys=order))
+    if table.num_rows:
+        table = table.take(pc.sort_indices(table, sort_keys=order))
+    shown = table
+    decoded = decode_keys(shown.column("key_bytes"))
+    shown = pa.table(
         {
-            "op_id": table.column("op_id"),
-            "key_bytes": table.column("key_bytes"),
-            "value_bytes": table.column("value_bytes"),
+            "op_id": shown.column("op_id"),
+            "key_bytes": shown.column("key_bytes"),
+            "value_bytes": shown.column("value_bytes"),
             "kind": decoded.column("kind"),
             "key_group": decoded.column("key_group"),
             "slot": decoded.column("slot"),
             "user_key": decoded.column("user_key"),
         }
     )
-    if slots:
-        table = table.filter(pc.is_in(table.column("slot"), value_set=pa.array(list(slots), pa.string())))
-    total = table.num_rows
-    if total:
-        table = table.take(pc.sort_indices(table, sort_keys=[("op_id", "ascending"), ("key_bytes", "ascending")]))
-    shown = table if limit == 0 else table.slice(0, limit)
     key_text, _ = render_bytes(shown.column("user_key"))
     value_text, _ = render_bytes(shown.column("value_bytes"))
     sizes = pc.binary_length(shown.column("value_bytes"))
