@@ -377,19 +377,37 @@ class PoolCore:
             return CommitResult(_info(job, manifest), written)
         return CommitResult(_incomplete_info(job, cid, self._parts(job, cid)), written)
 
-    def _parts(self, job: str, cid: int) -> list[Manifest]:
-        parts = []
+    def _part_names(self, job: str, cid: int) -> list[tuple[str, KeyGroupRange]]:
+        """Keys of the staged parts of checkpoint N with the ranges their names carry (one LIST, no GETs)."""
+        out = []
         for obj in self.store.list(checkpoint_prefix(job, cid) + "parts/"):
+            name = obj.key.rsplit("/", 1)[-1]
+            lo, _, hi = name.removesuffix(".json").partition("-")
+            if lo.isdigit() and hi.isdigit() and int(lo) <= int(hi) < NUM_KEY_GROUPS:
+                out.append((obj.key, KeyGroupRange(int(lo), int(hi))))
+        return out
+
+    def _read_parts(self, keys: Iterable[str]) -> list[Manifest]:
+        parts = []
+        for key in keys:
             try:
-                parts.append(parse_manifest(self.store.get(obj.key), obj.key))
+                parts.append(parse_manifest(self.store.get(key), key))
             except NotFoundError:
                 continue  # deleted while listing
         return parts
 
+    def _parts(self, job: str, cid: int) -> list[Manifest]:
+        return self._read_parts(k for k, _ in self._part_names(job, cid))
+
     def _try_complete(self, job: str, cid: int) -> tuple[Manifest | None, int]:
         """Write _metadata if the parts whose epochs still hold tile 0..127; returns (manifest or None, bytes written)."""
-        parts = self._parts(job, cid)
         writers, _ = self.fencing.read(job)
+        owned = {r for r, _ in writers.writers}
+        staged = [(k, r) for k, r in self._part_names(job, cid) if r in owned]
+        # part names carry their ranges: the parts are read only once the current writers' staged ranges tile 0..127
+        if not tiles([Part(r.lo, r.hi, 1, 0, ()) for _, r in staged]):
+            return None, 0
+        parts = self._read_parts(k for k, _ in staged)
         valid = [p for p in parts if writers.holds(KeyGroupRange(p.parts[0].kg_lo, p.parts[0].kg_hi), p.parts[0].epoch)]
         if not tiles([p.parts[0] for p in valid]):
             return None, 0
