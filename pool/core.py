@@ -497,11 +497,7 @@ class PoolCore:
 
     def list_jobs(self) -> list[str]:
         """Every job with anything under jobs/, sorted."""
-        jobs = set()
-        for obj in self.store.list("jobs/"):
-            name = obj.key.split("/", 2)[1]
-            jobs.add(name)
-        return sorted(jobs)
+        return self.store.list_prefixes("jobs/")
 
     def list_checkpoints(self, job: str, include_incomplete: bool = False) -> list[CheckpointInfo]:
         """Checkpoints of a job, ascending; incomplete ones (parts staged, no _metadata) only when asked."""

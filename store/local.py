@@ -22,6 +22,14 @@ def _etag(st: os.stat_result) -> str:
     return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
 
 
+def _holds_a_file(directory: Path) -> bool:
+    """Whether any file lies below ``directory`` (stops at the first one found)."""
+    for _, _, filenames in os.walk(directory):
+        if filenames:
+            return True
+    return False
+
+
 class FileStore(ObjectStore):
     """Objects as files under a root directory; safe for several threads and processes on one host."""
 
@@ -199,6 +207,20 @@ class FileStore(ObjectStore):
                     found.append(ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000, _etag(st)))
         found.sort(key=lambda info: info.key.encode())
         yield from found
+
+    def list_prefixes(self, prefix: str = "") -> list[str]:
+        """Directories right under ``prefix`` that hold at least one object name (a directory scan, not a walk)."""
+        validate_prefix(prefix)
+        if prefix and not prefix.endswith("/"):
+            raise InvalidArgumentError(f"prefix {prefix!r} must be empty or end with '/'")
+        self.counters.count("list")
+        base = self.root / prefix if prefix else self.root
+        try:
+            entries = list(os.scandir(base))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        names = [e.name for e in entries if e.is_dir() and not (not prefix and e.name.startswith(".clink-"))]
+        return sorted(n for n in names if _holds_a_file(base / n))
 
     def delete(self, key: str) -> None:
         """Remove the object; a missing key is fine."""

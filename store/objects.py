@@ -166,6 +166,13 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Remove the object; deleting a missing key is not an error."""
 
+    def list_prefixes(self, prefix: str = "") -> list[str]:
+        """Names of the 'folders' right under ``prefix`` (which is '' or ends with '/'), sorted, without listing their contents."""
+        validate_prefix(prefix)
+        if prefix and not prefix.endswith("/"):
+            raise InvalidArgumentError(f"prefix {prefix!r} must be empty or end with '/'")
+        return sorted({info.key[len(prefix) :].split("/", 1)[0] for info in self.list(prefix) if "/" in info.key[len(prefix) :]})
+
     def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Several (start, length) slices of one object, fetched with as few GETs as the coalescing gap allows."""
         if not ranges:

@@ -192,6 +192,20 @@ class S3Store(ObjectStore):
                         _strip(obj.get("ETag", "")),
                     )
 
+    def list_prefixes(self, prefix: str = "") -> list[str]:
+        """Common prefixes right under ``prefix`` (a delimiter listing: their contents are not listed)."""
+        validate_prefix(prefix)
+        if prefix and not prefix.endswith("/"):
+            raise InvalidArgumentError(f"prefix {prefix!r} must be empty or end with '/'")
+        paginator = self._client.get_paginator("list_objects_v2")
+        names = []
+        with self._errors(f"list {prefix!r}"):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix, Delimiter="/"):
+                self.counters.count("list")
+                for common in page.get("CommonPrefixes", []):
+                    names.append(common["Prefix"][len(self.prefix) + len(prefix) :].rstrip("/"))
+        return sorted(names)
+
     def delete(self, key: str) -> None:
         """DELETE; a missing key is fine."""
         full = self._full(key)

@@ -261,3 +261,16 @@ def test_file_store_hides_its_temp_files(file_store):
     file_store.put("a", b"1")
     assert [i.key for i in file_store.list("")] == ["a"]
     assert list((file_store.root / ".clink-tmp").iterdir()) == []
+
+
+def test_list_prefixes_names_folders_without_their_contents(store):
+    for key in ["jobs/a/x", "jobs/a/y/z", "jobs/b/w", "jobs/top", "other/q"]:
+        store.put(key, b"1")
+    assert store.list_prefixes("") == ["jobs", "other"]
+    assert store.list_prefixes("jobs/") == ["a", "b"]
+    assert store.list_prefixes("jobs/a/") == ["y"]
+    assert store.list_prefixes("nothing/") == []
+    store.delete("jobs/b/w")
+    assert store.list_prefixes("jobs/") == ["a"]  # an emptied folder is gone, as on S3
+    with pytest.raises(InvalidArgumentError):
+        store.list_prefixes("jobs")
