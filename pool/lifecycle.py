@@ -1,0 +1,576 @@
+"""Checkpoint lifecycle over one store: savepoints, restore into a new job, pins, retention, compaction and GC."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pool.core import validate_job
+from snapshot import NUM_KEY_GROUPS
+from snapshot.errors import ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError, PermissionDeniedError
+from store.checkpoint import CheckpointReader, SegmentCache
+from store.datafile import KIND_BASE, KIND_DELTA, DataFile, EncodedFile, encode_datafile, verify_file
+from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, job_prefix, metadata_key, parse_manifest, part_key
+from store.objects import ObjectInfo, ObjectStore
+
+SAVEPOINTS = "savepoints/"
+SAVEPOINT_MANIFEST = "_metadata"
+GC_MARKER = "gc/progress.json"
+PIN_FORMAT = "clink.pin"
+# folded files aim for about this many segments per key group they cover (one per key group once big enough)
+_MIN_FOLD_SEGMENT_BYTES = 4 << 10
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    """Retention depth, compaction thresholds and GC minimum age; passed to Lifecycle, read by no one else."""
+
+    retain_last: int = 3
+    compact_max_layers: int = 8
+    compact_max_delta_bytes: int = 256 << 20
+    gc_min_age_s: float = 3600.0
+    max_name_bytes: int = 128
+    cache_bytes: int = 128 << 20
+
+    def __post_init__(self) -> None:
+        if self.retain_last < 1:
+            raise InvalidArgumentError(f"retain_last = {self.retain_last} must be at least 1 (the latest checkpoint is always kept)")
+        if self.compact_max_layers < 1:
+            raise InvalidArgumentError(f"compact_max_layers = {self.compact_max_layers} must be at least 1")
+        if self.gc_min_age_s < 0:
+            raise InvalidArgumentError(f"gc_min_age_s = {self.gc_min_age_s} must not be negative")
+
+
+@dataclass(frozen=True)
+class SavepointInfo:
+    """A written savepoint: where it lives and what it holds."""
+
+    name: str
+    store_uri: str
+    job: str
+    checkpoint_id: int
+    files: int
+    bytes: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """What a compaction folded: the part ranges it rewrote, layers before, files and bytes written."""
+
+    job: str
+    checkpoint_id: int
+    folded: tuple[tuple[int, int, int], ...]  # (kg_lo, kg_hi, layers before)
+    files_written: int
+    bytes_written: int
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    """Checkpoints a retention pass removed, kept, and kept only because a pin holds them."""
+
+    job: str
+    deleted: tuple[int, ...]
+    kept: tuple[int, ...]
+    pinned: tuple[int, ...]
+    dry_run: bool
+
+
+@dataclass
+class GcResult:
+    """What a GC run found and did; deleted lists keys (or would-delete keys on a dry run)."""
+
+    scope: str
+    dry_run: bool
+    listed_objects: int = 0
+    referenced: int = 0
+    deleted: list[str] = field(default_factory=list)
+    deleted_bytes: int = 0
+    too_young: int = 0
+    resumed: dict | None = None
+
+
+def validate_name(name: object, what: str = "savepoint name", max_bytes: int = 128) -> str:
+    """Savepoint names and pin holders follow the job-id rules (no '/', '..', control characters, bounded)."""
+    try:
+        return validate_job(name, max_bytes)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(str(exc).replace("job id", what)) from None
+
+
+class PrefixView(ObjectStore):
+    """A read-only view that shows ``base`` (a savepoint folder) as jobs/<job>/ with its _metadata as chk-<N>/_metadata."""
+
+    def __init__(self, inner: ObjectStore, base: str, job: str, checkpoint_id: int) -> None:
+        self.inner, self.base, self.job_prefix = inner, base, job_prefix(job)
+        self.meta = metadata_key(job, checkpoint_id)
+        self.uri = f"{inner.uri.rstrip('/')}/{base.rstrip('/')}"
+        self.counters = inner.counters
+        self.coalesce_gap_bytes = inner.coalesce_gap_bytes
+
+    def _key(self, key: str) -> str:
+        if key == self.meta:
+            return self.base + SAVEPOINT_MANIFEST
+        if not key.startswith(self.job_prefix):
+            raise NotFoundError(f"object {key} not found in {self.uri}")
+        return self.base + key[len(self.job_prefix) :]
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(self._key(key))
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.inner.get_range(self._key(key), start, length)
+
+    def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        return self.inner.get_ranges(self._key(key), ranges)
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        return self.inner.get_with_etag(self._key(key))
+
+    def head(self, key: str) -> ObjectInfo:
+        return self.inner.head(self._key(key))
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        for info in self.inner.list(self.base):
+            rest = info.key[len(self.base) :]
+            key = self.meta if rest == SAVEPOINT_MANIFEST else self.job_prefix + rest
+            if key.startswith(prefix):
+                yield ObjectInfo(key, info.size, info.last_modified_ms, info.etag)
+
+    def _read_only(self, *_: object) -> str:
+        raise PermissionDeniedError(f"{self.uri} is opened read-only")
+
+    put = put_if_absent = compare_and_swap = delete = _read_only  # type: ignore[assignment]
+
+
+def savepoint_prefix(name: str) -> str:
+    """Store folder of a savepoint (trailing '/')."""
+    return f"{SAVEPOINTS}{name}/"
+
+
+def _fold_target(table: pa.Table, kg_count: int) -> int:
+    """Segment target for a folded file: about one segment per key group, never tiny segments."""
+    if table.num_rows == 0:
+        return _MIN_FOLD_SEGMENT_BYTES
+    est = pc.sum(pc.binary_length(table.column("key_bytes"))).as_py() + pc.sum(pc.binary_length(table.column("value_bytes"))).as_py() + 9 * table.num_rows
+    return max(_MIN_FOLD_SEGMENT_BYTES, int(est) // max(1, 2 * kg_count))
+
+
+def _new_data_path() -> str:
+    return f"data/{uuid.uuid4().hex}.arrow"
+
+
+def _manifest_json(m: Manifest, extra: dict | None = None) -> bytes:
+    """The manifest's deterministic JSON, with optional extra top-level fields (readers ignore unknown fields)."""
+    if not extra:
+        return m.to_json()
+    doc = json.loads(m.to_json())
+    doc.update(extra)
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+class Lifecycle:
+    """Savepoints, restores, pins, retention, compaction and GC over one store (no server needed)."""
+
+    def __init__(self, store: ObjectStore, config: LifecycleConfig | None = None, clock: Callable[[], float] = time.time,
+                 cache: SegmentCache | None = None, on_manifest_replaced: Callable[[str, int], None] | None = None) -> None:
+        self.store = store
+        self.config = config or LifecycleConfig()
+        self.clock = clock
+        self.cache = cache if cache is not None else SegmentCache(self.config.cache_bytes)
+        self._on_replaced = on_manifest_replaced  # a pool forgets its cached manifest of a compacted checkpoint
+
+    # ---- opening sources -------------------------------------------------------------------------------------
+
+    def _job(self, job: object) -> str:
+        return validate_job(job, self.config.max_name_bytes)
+
+    def _name(self, name: object, what: str = "savepoint name") -> str:
+        return validate_name(name, what, self.config.max_name_bytes)
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def open_checkpoint(self, job: str, checkpoint_id: int = 0, store: ObjectStore | None = None) -> tuple[CheckpointReader, Manifest, str]:
+        """(reader, manifest, folder) of a complete checkpoint (0 = latest); NotFoundError naming what is missing."""
+        store = store or self.store
+        job = self._job(job)
+        reader = CheckpointReader(store, job, self.cache)
+        if checkpoint_id == 0:
+            checkpoint_id = reader.latest()
+            if checkpoint_id == 0:
+                raise NotFoundError(f"job {job} has no complete checkpoint in {store.uri}")
+        if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
+            raise InvalidArgumentError(f"checkpoint id {checkpoint_id!r} must be a non-negative integer")
+        return reader, reader.manifest(checkpoint_id), job_prefix(job)
+
+    def open_savepoint(self, name: str, store: ObjectStore | None = None) -> tuple[CheckpointReader, Manifest, str]:
+        """(reader, manifest, folder) of a savepoint, read through a read-only view of its folder."""
+        store = store or self.store
+        name = self._name(name)
+        base = savepoint_prefix(name)
+        try:
+            data = store.get(base + SAVEPOINT_MANIFEST)
+        except NotFoundError:
+            raise NotFoundError(f"savepoint {name!r} not found (no {base}{SAVEPOINT_MANIFEST} in {store.uri})") from None
+        manifest = parse_manifest(data, base + SAVEPOINT_MANIFEST)
+        reader = CheckpointReader(PrefixView(store, base, manifest.job, manifest.checkpoint_id), manifest.job, self.cache)
+        return reader, manifest, base
+
+    def read_table(self, reader: CheckpointReader, manifest: Manifest, key_groups: tuple[int, int] | None = None) -> pa.Table:
+        """Canonical rows of a checkpoint or savepoint (clipped to key_groups: only those segments are fetched)."""
+        return reader.read_manifest_table(manifest, key_groups)
+
+    # ---- savepoints ------------------------------------------------------------------------------------------
+
+    def savepoint(self, job: str, checkpoint_id: int, name: str, target_store: ObjectStore | None = None) -> SavepointInfo:
+        """Write savepoints/NAME/ (one folded base file + _metadata, relative paths) into target_store or this store.
+
+        The layers of the checkpoint are folded into one canonical base covering 0..127 with about one segment per
+        key group, so the savepoint is self-contained, compact, and any key-group range reads only its bytes.
+        """
+        name = self._name(name)
+        target = target_store or self.store
+        base = savepoint_prefix(name)
+        if target.exists(base + SAVEPOINT_MANIFEST):
+            raise ConflictError(f"savepoint {name!r} already exists in {target.uri}")
+        reader, manifest, _ = self.open_checkpoint(job, checkpoint_id)
+        table = reader.read_manifest_table(manifest)
+        encoded = encode_datafile(table, changelog=False, target_segment_bytes=_fold_target(table, NUM_KEY_GROUPS))
+        path = _new_data_path()
+        files: tuple[DataFile, ...] = ()
+        layers: tuple[tuple[str, ...], ...] = ()
+        if encoded.rows:
+            target.put_if_absent(base + path, encoded.data)
+            files = (encoded.entry(path, KIND_BASE, 0, NUM_KEY_GROUPS - 1),)
+            layers = ((path,),)
+        epoch = max(p.epoch for p in manifest.parts)
+        sp = Manifest(MANIFEST_FORMAT, manifest.job, manifest.checkpoint_id, 0, manifest.created_at_ms, manifest.operators,
+                      manifest.state_versions, (Part(0, NUM_KEY_GROUPS - 1, epoch, 0, layers),), files)
+        extra = {"savepoint": {"name": name, "source_store": self.store.uri, "created_at_ms": self._now_ms()}}
+        try:
+            target.put_if_absent(base + SAVEPOINT_MANIFEST, _manifest_json(sp, extra))  # written last: the savepoint exists from here on
+        except ConflictError:
+            raise ConflictError(f"savepoint {name!r} was created concurrently in {target.uri}; this copy was not published") from None
+        return SavepointInfo(name, target.uri, manifest.job, manifest.checkpoint_id, len(files), len(encoded.data), encoded.rows)
+
+    def list_savepoints(self, store: ObjectStore | None = None) -> list[str]:
+        """Names of every folder under savepoints/ (complete or not), sorted."""
+        return (store or self.store).list_prefixes(SAVEPOINTS)
+
+    # ---- restore ---------------------------------------------------------------------------------------------
+
+    def restore_job(self, new_job: str, *, savepoint: str | None = None, job: str | None = None, checkpoint_id: int = 0,
+                    source_store: ObjectStore | None = None) -> Manifest:
+        """Create checkpoint 1 of a NEW job from a savepoint or a checkpoint: every file copied (checksum verified) into its data/.
+
+        Workers of the new job then acquire any key-group ranges and commit checkpoint 2 on top (parent 1).
+        """
+        new_job = self._job(new_job)
+        if (savepoint is None) == (job is None):
+            raise InvalidArgumentError("restore needs exactly one source: a savepoint name or a job (and checkpoint id)")
+        src_store = source_store or self.store
+        if savepoint is not None:
+            _, manifest, folder = self.open_savepoint(savepoint, src_store)
+        else:
+            _, manifest, folder = self.open_checkpoint(job, checkpoint_id, src_store)
+        if next(iter(self.store.list(job_prefix(new_job))), None) is not None:
+            raise ConflictError(f"job {new_job} already exists in {self.store.uri}; restore only creates new jobs")
+        renamed: dict[str, str] = {}
+        files = []
+        for entry in manifest.files:
+            try:
+                data = src_store.get(folder + entry.path)
+            except NotFoundError:
+                raise NotFoundError(f"data file {entry.path} of {folder.rstrip('/')} is missing from {src_store.uri}") from None
+            verify_file(entry, data)
+            path = _new_data_path()
+            self.store.put_if_absent(job_prefix(new_job) + path, data)
+            renamed[entry.path] = path
+            files.append(DataFile(path, entry.kind, entry.kg_lo, entry.kg_hi, entry.rows, entry.size, entry.sha256, entry.segments))
+        parts = tuple(Part(p.kg_lo, p.kg_hi, 1, 0, tuple(tuple(renamed[x] for x in layer) for layer in p.layers)) for p in manifest.parts)
+        restored = Manifest(MANIFEST_FORMAT, new_job, 1, 0, self._now_ms(), manifest.operators, manifest.state_versions, parts,
+                            tuple(sorted(files, key=lambda f: f.path)))
+        for p in parts:  # parts are what GC keeps referenced while a compaction has replaced the manifest
+            used = {x for layer in p.layers for x in layer}
+            one = Manifest(PART_FORMAT, new_job, 1, 0, restored.created_at_ms, manifest.operators, manifest.state_versions, (p,),
+                           tuple(f for f in restored.files if f.path in used))
+            self.store.put_if_absent(part_key(new_job, 1, p.kg_lo, p.kg_hi), one.to_json())
+        origin = {"restored_from": {"savepoint": savepoint} if savepoint else {"job": manifest.job, "checkpoint_id": manifest.checkpoint_id}}
+        self.store.put_if_absent(metadata_key(new_job, 1), _manifest_json(restored, origin))
+        return restored
+
+    # ---- pins ------------------------------------------------------------------------------------------------
+
+    def _pin_key(self, job: str, checkpoint_id: int, holder: str) -> str:
+        return f"{job_prefix(job)}pins/{checkpoint_id}/{holder}.json"
+
+    def pin(self, job: str, checkpoint_id: int, holder: str, ttl_s: float) -> int:
+        """Protect a complete checkpoint from retention until now + ttl_s (renewable); returns the expiry in ms."""
+        job, holder = self._job(job), self._name(holder, "pin holder")
+        if not ttl_s > 0:
+            raise InvalidArgumentError(f"pin ttl {ttl_s!r} must be a positive number of seconds")
+        _, manifest, _ = self.open_checkpoint(job, checkpoint_id)
+        expires = self._now_ms() + int(ttl_s * 1000)
+        body = {"format": PIN_FORMAT, "job": job, "checkpoint_id": manifest.checkpoint_id, "holder": holder, "expires_at_ms": expires}
+        self.store.put(self._pin_key(job, manifest.checkpoint_id, holder), json.dumps(body, sort_keys=True).encode())
+        return expires
+
+    def unpin(self, job: str, checkpoint_id: int, holder: str) -> None:
+        """Drop a pin (idempotent)."""
+        job, holder = self._job(job), self._name(holder, "pin holder")
+        self.store.delete(self._pin_key(job, checkpoint_id, holder))
+
+    def _live_pins(self, infos: list[ObjectInfo], now_ms: int) -> tuple[set[int], list[str]]:
+        """(checkpoint ids held by unexpired pins, keys of expired pins) among listed pin objects."""
+        held, expired = set(), []
+        for info in infos:
+            try:
+                body = json.loads(self.store.get(info.key))
+                cid, expires = int(body["checkpoint_id"]), int(body["expires_at_ms"])
+            except NotFoundError:
+                continue
+            except (ValueError, KeyError, TypeError):
+                raise CorruptDataError(f"pin {info.key} is malformed") from None
+            if expires > now_ms:
+                held.add(cid)
+            else:
+                expired.append(info.key)
+        return held, expired
+
+    # ---- retention -------------------------------------------------------------------------------------------
+
+    def retain(self, job: str, keep_last: int | None = None, dry_run: bool = False) -> RetentionResult:
+        """Delete complete checkpoints older than the newest keep_last (unless pinned) and abandoned incomplete ones.
+
+        A deletion removes _metadata first (the checkpoint vanishes atomically), then the rest of chk-N/; data files
+        are left to GC. Savepoints live outside jobs/ and are never touched.
+        """
+        job = self._job(job)
+        keep = self.config.retain_last if keep_last is None else keep_last
+        if keep < 1:
+            raise InvalidArgumentError(f"keep_last = {keep} must be at least 1")
+        listing = list(self.store.list(job_prefix(job)))
+        if not listing:
+            raise NotFoundError(f"job {job} not found in {self.store.uri}")
+        layout = _JobLayout.of(job, listing)
+        now = self._now_ms()
+        held, _ = self._live_pins(layout.pins, now)
+        complete = sorted(layout.complete)
+        keep_ids = set(complete[-keep:])
+        delete, pinned = [], []
+        for cid in complete:
+            if cid in keep_ids:
+                continue
+            (pinned if cid in held else delete).append(cid)
+        latest = complete[-1] if complete else 0
+        min_age = int(self.config.gc_min_age_s * 1000)
+        for cid, objs in layout.checkpoints.items():
+            abandoned = cid not in layout.complete and cid < latest and all(now - o.last_modified_ms >= min_age for o in objs)
+            if abandoned and cid not in held:
+                delete.append(cid)
+        delete.sort()
+        if not dry_run:
+            for cid in delete:
+                objs = layout.checkpoints[cid]
+                meta = metadata_key(job, cid)
+                for key in sorted((o.key for o in objs), key=lambda k: k != meta):  # _metadata first
+                    self.store.delete(key)
+        return RetentionResult(job, tuple(delete), tuple(sorted(keep_ids)), tuple(sorted(pinned)), dry_run)
+
+    # ---- compaction ------------------------------------------------------------------------------------------
+
+    def needs_compaction(self, manifest: Manifest) -> list[Part]:
+        """Parts whose layers pass a threshold: more than compact_max_layers layers, or delta bytes above compact_max_delta_bytes."""
+        out = []
+        for part in manifest.parts:
+            if len(part.layers) <= 1:
+                continue
+            delta_bytes = sum(manifest.file(x).size for layer in part.layers for x in layer if manifest.file(x).kind == KIND_DELTA)
+            if len(part.layers) > self.config.compact_max_layers or delta_bytes > self.config.compact_max_delta_bytes:
+                out.append(part)
+        return out
+
+    def compact(self, job: str, checkpoint_id: int = 0, force: bool = False) -> CompactionResult:
+        """Fold the layers of each part over a threshold (every multi-layer part with force) into one base file.
+
+        The compacted manifest replaces _metadata by compare-and-swap on the etag read, so a concurrent deletion or
+        compaction makes it a ConflictError that changes nothing visible. Every read answers the same: a part's base
+        holds exactly its keyed rows after all layers plus its own operator-state view. Later commits whose parent is
+        this checkpoint reference the base. The old layers stay referenced by the checkpoint's parts until retention
+        removes it, so a reader still holding the old manifest keeps working.
+        """
+        job = self._job(job)
+        reader, manifest, _ = self.open_checkpoint(job, checkpoint_id)
+        key = metadata_key(job, manifest.checkpoint_id)
+        raw, etag = self.store.get_with_etag(key)
+        manifest = parse_manifest(raw, key)
+        todo = [p for p in manifest.parts if len(p.layers) > 1] if force else self.needs_compaction(manifest)
+        if not todo:
+            return CompactionResult(job, manifest.checkpoint_id, (), 0, 0)
+        new_parts: list[Part] = []
+        new_files: dict[str, DataFile] = {}
+        folded, written = [], 0
+        for part in manifest.parts:
+            if part not in todo:
+                new_parts.append(part)
+                continue
+            keyed = reader.part_keyed(manifest, part, part.kg_lo, part.kg_hi)
+            ops = reader.part_operator(manifest, part)
+            table = pa.concat_tables([keyed, ops.cast(keyed.schema)]) if ops.num_rows else keyed
+            encoded: EncodedFile = encode_datafile(table, changelog=False, target_segment_bytes=_fold_target(table, part.kg_hi - part.kg_lo + 1))
+            layers: tuple[tuple[str, ...], ...] = ()
+            if encoded.rows:
+                path = _new_data_path()
+                self.store.put_if_absent(job_prefix(job) + path, encoded.data)
+                written += len(encoded.data)
+                new_files[path] = encoded.entry(path, KIND_BASE, part.kg_lo, part.kg_hi)
+                layers = ((path,),)
+            new_parts.append(Part(part.kg_lo, part.kg_hi, part.epoch, part.parent_id, layers))
+            folded.append((part.kg_lo, part.kg_hi, len(part.layers)))
+        used = {x for p in new_parts for layer in p.layers for x in layer}
+        files = {f.path: f for f in manifest.files if f.path in used} | new_files
+        compacted = Manifest(MANIFEST_FORMAT, job, manifest.checkpoint_id, manifest.parent_id, manifest.created_at_ms,
+                             manifest.operators, manifest.state_versions, tuple(new_parts), tuple(sorted(files.values(), key=lambda f: f.path)))
+        try:
+            self.store.compare_and_swap(key, compacted.to_json(), etag)
+        except (ConflictError, NotFoundError):
+            raise ConflictError(f"checkpoint {manifest.checkpoint_id} of job {job} changed or was deleted while compacting; nothing was replaced") from None
+        if self._on_replaced is not None:
+            self._on_replaced(job, manifest.checkpoint_id)
+        return CompactionResult(job, manifest.checkpoint_id, tuple(folded), len(new_files), written)
+
+    def compact_job(self, job: str, force: bool = False) -> CompactionResult:
+        """Compact the latest complete checkpoint of a job (what the next commits build on)."""
+        return self.compact(job, 0, force)
+
+    # ---- garbage collection ----------------------------------------------------------------------------------
+
+    def gc(self, job: str | None = None, dry_run: bool = False, max_deletes: int | None = None) -> GcResult:
+        """Delete data files that nothing references and that are older than gc_min_age_s; one LIST per run.
+
+        Referenced: every file named by a complete checkpoint's _metadata or by any staged part (of complete or
+        in-flight checkpoints) of the job; a savepoint's files by its own _metadata. Also removed: expired pins and,
+        in a store-wide run, files of savepoint folders without _metadata (an interrupted savepoint), both past the
+        minimum age. A run writes gc/progress.json before deleting and removes it at the end, so an interrupted run is
+        reported by the next one, which recomputes everything from a fresh listing (deletes are idempotent).
+        """
+        scope = "" if job is None else job_prefix(self._job(job))
+        result = GcResult(scope or "(whole store)", dry_run)
+        now = self._now_ms()
+        min_age = int(self.config.gc_min_age_s * 1000)
+        marker_found = False
+        by_job: dict[str, list[ObjectInfo]] = {}
+        by_savepoint: dict[str, list[ObjectInfo]] = {}
+        for info in self.store.list(scope):  # the only LIST of the run
+            result.listed_objects += 1
+            parts = info.key.split("/")
+            if info.key == GC_MARKER:
+                marker_found = True
+            elif parts[0] == "jobs" and len(parts) > 2:
+                by_job.setdefault(parts[1], []).append(info)
+            elif parts[0] == "savepoints" and len(parts) > 2:
+                by_savepoint.setdefault(parts[1], []).append(info)
+        if marker_found and not dry_run:
+            try:
+                result.resumed = json.loads(self.store.get(GC_MARKER))
+            except (NotFoundError, ValueError):
+                result.resumed = {}
+        candidates: list[ObjectInfo] = []
+        for name, infos in sorted(by_job.items()):
+            layout = _JobLayout.of(name, infos)
+            refs = self._job_references(name, layout)
+            result.referenced += len(refs)
+            _, expired = self._live_pins(layout.pins, now)
+            expired_set = set(expired)
+            for info in layout.data + [p for p in layout.pins if p.key in expired_set]:
+                if info.key in refs:
+                    continue
+                if now - info.last_modified_ms < min_age:
+                    result.too_young += 1
+                    continue
+                candidates.append(info)
+        for name, infos in sorted(by_savepoint.items()):
+            base = savepoint_prefix(name)
+            refs = set()
+            if any(i.key == base + SAVEPOINT_MANIFEST for i in infos):
+                try:
+                    m = parse_manifest(self.store.get(base + SAVEPOINT_MANIFEST), base + SAVEPOINT_MANIFEST)
+                    refs = {base + f.path for f in m.files} | {base + SAVEPOINT_MANIFEST}
+                except NotFoundError:
+                    continue  # deleted meanwhile: judge it next run
+            result.referenced += len(refs)
+            for info in infos:
+                if info.key in refs:
+                    continue
+                if now - info.last_modified_ms < min_age:
+                    result.too_young += 1
+                    continue
+                candidates.append(info)
+        candidates.sort(key=lambda i: i.key)
+        if dry_run:
+            result.deleted = [c.key for c in candidates]
+            result.deleted_bytes = sum(c.size for c in candidates)
+            return result
+        if candidates:
+            plan = {"started_ms": now, "scope": result.scope, "planned": len(candidates)}
+            self.store.put(GC_MARKER, json.dumps(plan, sort_keys=True).encode())
+        for n, info in enumerate(candidates):
+            if max_deletes is not None and n >= max_deletes:
+                return result  # stopped early on purpose: the marker stays, as after a crash
+            self.store.delete(info.key)
+            result.deleted.append(info.key)
+            result.deleted_bytes += info.size
+        if candidates or marker_found:
+            self.store.delete(GC_MARKER)
+        return result
+
+    def _job_references(self, job: str, layout: _JobLayout) -> set[str]:
+        """Store keys of every data file a complete manifest or any staged part of the job names."""
+        refs: set[str] = set()
+        prefix = job_prefix(job)
+        for key in layout.manifest_keys:
+            try:
+                m = parse_manifest(self.store.get(key), key)
+            except NotFoundError:
+                continue  # deleted by retention since the listing: what it named is judged by the other manifests
+            refs.update(prefix + f.path for f in m.files)
+        return refs
+
+
+@dataclass
+class _JobLayout:
+    """One job's objects from a listing, sorted into checkpoints, manifests/parts, pins and data files."""
+
+    checkpoints: dict[int, list[ObjectInfo]]
+    complete: set[int]
+    manifest_keys: list[str]
+    pins: list[ObjectInfo]
+    data: list[ObjectInfo]
+
+    @classmethod
+    def of(cls, job: str, infos: list[ObjectInfo]) -> _JobLayout:
+        prefix = job_prefix(job)
+        out = cls({}, set(), [], [], [])
+        for info in infos:
+            rest = info.key[len(prefix) :]
+            head, _, tail = rest.partition("/")
+            if head.startswith("chk-") and head[4:].isdigit():
+                cid = int(head[4:])
+                out.checkpoints.setdefault(cid, []).append(info)
+                if tail == "_metadata":
+                    out.complete.add(cid)
+                    out.manifest_keys.append(info.key)
+                elif tail.startswith("parts/") and tail.endswith(".json"):
+                    out.manifest_keys.append(info.key)
+            elif head == "pins" and tail.endswith(".json"):
+                out.pins.append(info)
+            elif head == "data" and tail:
+                out.data.append(info)
+        return out
