@@ -172,7 +172,7 @@ class PoolCore:
         with self._lock:
             reader = self._readers.get(job)
             if reader is None:
-                reader = self._readers[job] = CheckpointReader(self.store, job, self.cache)
+                reader = self._readers[job] = CheckpointReader(self.store, job, self.cache, self.config.resolved_index_after)
             return reader
 
     def _job_exists(self, job: str) -> bool:

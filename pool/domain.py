@@ -13,13 +13,14 @@ MAX_CHECKPOINT_ID = (1 << 63) - 1
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """Tuning of one PoolCore: cache size, scan chunking, job-id limit, data-file segment size, CAS retry bound."""
+    """Tuning of one PoolCore: cache size, scan chunking, job-id limit, data-file segment size, CAS retries, read indexing."""
 
     cache_bytes: int = 256 << 20
     scan_chunk_bytes: int = 1 << 20
     max_job_id_bytes: int = 128
     segment_target_bytes: int = DEFAULT_SEGMENT_TARGET_BYTES
     max_cas_attempts: int = 64
+    resolved_index_after: int = 8  # point-read batches on one checkpoint before its merged view is indexed (-1: never)
 
 
 @dataclass(frozen=True)

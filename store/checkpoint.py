@@ -348,10 +348,13 @@ def _keyed_segments(entry: DataFile) -> tuple[list[Segment], np.ndarray, np.ndar
 class CheckpointReader:
     """Reads one job's checkpoints from any ObjectStore; pool-independent so the CLI can open file:// and s3:// alike."""
 
-    def __init__(self, store: ObjectStore, job: str, cache: SegmentCache | None = None) -> None:
+    def __init__(self, store: ObjectStore, job: str, cache: SegmentCache | None = None, resolved_index_after: int = 8) -> None:
         self.store = store
         self.job = job
         self.cache = cache if cache is not None else SegmentCache(64 << 20)
+        # after this many point-read batches on one checkpoint, its merged view gets one index (one probe, not one per layer)
+        self.resolved_index_after = resolved_index_after
+        self._lookups: OrderedDict[tuple[int, int], int] = OrderedDict()
         self._manifests: OrderedDict[int, Manifest] = OrderedDict()
         self._bounds: dict[str, tuple[list[Segment], np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
@@ -612,6 +615,12 @@ class CheckpointReader:
         q_keys = keys if isinstance(keys, pa.Array) else pa.array(list(keys), pa.binary())
         q_ops = np.asarray(op_ids, dtype=np.uint64)
         q_hash = hash_keys(q_ops, q_keys)
+        resolved = self._resolved_index(manifest)
+        if resolved is not None:  # a checkpoint read often: its merged view answers in one probe
+            pos = resolved.find(q_hash, q_keys, q_ops)
+            found = pos >= 0
+            vals = resolved.table.column("value_bytes").take(pa.array(pos, mask=~found))
+            return found, pc.fill_null(vals, b"").to_pylist()
         lead = leading_bytes(q_keys)
         empty = pc.equal(pc.binary_length(q_keys), 0).to_numpy(zero_copy_only=False)
         open_ = (lead < NUM_KEY_GROUPS) & ~empty  # keyed queries not yet decided by a newer layer
@@ -666,6 +675,26 @@ class CheckpointReader:
         where[np.concatenate(answered_idx)] = np.arange(sum(len(a) for a in answered_idx))
         vals = pa.concat_arrays(answered_vals).take(pa.array(where, mask=where < 0))
         return found, pc.fill_null(vals, b"").to_pylist()
+
+    def _resolved_index(self, manifest: Manifest) -> KeyIndex | None:
+        """The index of the checkpoint's merged view once it has been read by key often enough (and fits the cache)."""
+        key = (self.store.uri, self.job, "resolved-index", manifest.checkpoint_id, manifest.created_at_ms)
+        index = self.cache.get(key)
+        if index is not None:
+            return index
+        if self.resolved_index_after < 0:
+            return None
+        with self._lock:
+            ident = (manifest.checkpoint_id, manifest.created_at_ms)
+            count = self._lookups.pop(ident, 0) + 1
+            self._lookups[ident] = count
+            while len(self._lookups) > 256:
+                self._lookups.popitem(last=False)
+        if count <= self.resolved_index_after or manifest.total_bytes * 3 > self.cache.max_bytes:
+            return None
+        index = KeyIndex.build(self.read_manifest_table(manifest))
+        self.cache.put(key, index, index.nbytes)
+        return index
 
     def operator_index(self, manifest: Manifest) -> KeyIndex:
         """The (cached) hash index of a checkpoint's operator-state view."""
