@@ -267,7 +267,7 @@ class Lifecycle:
     # ---- restore ---------------------------------------------------------------------------------------------
 
     def restore_job(self, new_job: str, *, savepoint: str | None = None, job: str | None = None, checkpoint_id: int = 0,
-                    source_store: ObjectStore | None = None) -> Manifest:
+                    source_store: ObjectStore | None = None, progress: Callable[[int, int], None] | None = None) -> Manifest:
         """Create checkpoint 1 of a NEW job from a savepoint or a checkpoint: every file copied (checksum verified) into its data/.
 
         Workers of the new job then acquire any key-group ranges and commit checkpoint 2 on top (parent 1).
@@ -294,6 +294,8 @@ class Lifecycle:
             self.store.put_if_absent(job_prefix(new_job) + path, data)
             renamed[entry.path] = path
             files.append(DataFile(path, entry.kind, entry.kg_lo, entry.kg_hi, entry.rows, entry.size, entry.sha256, entry.segments))
+            if progress is not None:
+                progress(len(files), len(manifest.files))
         parts = tuple(Part(p.kg_lo, p.kg_hi, 1, 0, tuple(tuple(renamed[x] for x in layer) for layer in p.layers)) for p in manifest.parts)
         restored = Manifest(MANIFEST_FORMAT, new_job, 1, 0, self._now_ms(), manifest.operators, manifest.state_versions, parts,
                             tuple(sorted(files, key=lambda f: f.path)))
@@ -450,9 +452,42 @@ class Lifecycle:
         """Compact the latest complete checkpoint of a job (what the next commits build on)."""
         return self.compact(job, 0, force)
 
+    # ---- listing and inspection ----------------------------------------------------------------------------------
+
+    def describe_job(self, job: str) -> dict:
+        """A job's checkpoints (complete: summary of each manifest; incomplete: staged ranges) and live pins; one LIST."""
+        job = self._job(job)
+        listing = list(self.store.list(job_prefix(job)))
+        if not listing:
+            raise NotFoundError(f"job {job} not found in {self.store.uri}")
+        layout = _JobLayout.of(job, listing)
+        checkpoints = []
+        for cid in sorted(layout.checkpoints):
+            if cid in layout.complete:
+                try:
+                    m = parse_manifest(self.store.get(metadata_key(job, cid)), metadata_key(job, cid))
+                except NotFoundError:
+                    continue
+                checkpoints.append(manifest_summary(m, with_files=False))
+            else:
+                staged = sorted(o.key.rsplit("/", 1)[-1].removesuffix(".json") for o in layout.checkpoints[cid] if "/parts/" in o.key)
+                checkpoints.append({"checkpoint_id": cid, "complete": False, "staged_ranges": staged})
+        now = self._now_ms()
+        pins = []
+        for info in layout.pins:
+            try:
+                body = json.loads(self.store.get(info.key))
+            except (NotFoundError, ValueError):
+                continue
+            pins.append({"checkpoint_id": body.get("checkpoint_id"), "holder": body.get("holder"),
+                         "expires_at_ms": body.get("expires_at_ms"), "expired": body.get("expires_at_ms", 0) <= now})
+        data_bytes = sum(o.size for o in layout.data)
+        return {"job": job, "checkpoints": checkpoints, "pins": pins, "data_files": len(layout.data), "data_bytes": data_bytes}
+
     # ---- garbage collection ----------------------------------------------------------------------------------
 
-    def gc(self, job: str | None = None, dry_run: bool = False, max_deletes: int | None = None) -> GcResult:
+    def gc(self, job: str | None = None, dry_run: bool = False, max_deletes: int | None = None,
+           progress: Callable[[int, int], None] | None = None) -> GcResult:
         """Delete data files that nothing references and that are older than gc_min_age_s; one LIST per run.
 
         Referenced: every file named by a complete checkpoint's _metadata or by any staged part (of complete or
@@ -527,6 +562,8 @@ class Lifecycle:
             self.store.delete(info.key)
             result.deleted.append(info.key)
             result.deleted_bytes += info.size
+            if progress is not None:
+                progress(n + 1, len(candidates))
         if candidates or marker_found:
             self.store.delete(GC_MARKER)
         return result
@@ -542,6 +579,26 @@ class Lifecycle:
                 continue  # deleted by retention since the listing: what it named is judged by the other manifests
             refs.update(prefix + f.path for f in m.files)
         return refs
+
+
+def manifest_summary(m: Manifest, with_files: bool = True) -> dict:
+    """A manifest as a plain dict for ls/inspect: parts with their layer depth and bytes, optionally every file."""
+    parts = []
+    for p in m.parts:
+        paths = [x for layer in p.layers for x in layer]
+        part = {"kg_lo": p.kg_lo, "kg_hi": p.kg_hi, "epoch": p.epoch, "layers": len(p.layers), "bytes": sum(m.file(x).size for x in paths)}
+        if with_files:
+            part["layer_files"] = [list(layer) for layer in p.layers]
+        parts.append(part)
+    out = {
+        "job": m.job, "checkpoint_id": m.checkpoint_id, "parent_id": m.parent_id, "complete": m.complete, "created_at_ms": m.created_at_ms,
+        "operators": [{"op_id": o, "uid": u} for o, u in m.operators], "files": len(m.files), "bytes": m.total_bytes,
+        "rows_stored": m.total_rows, "max_layers": max((len(p.layers) for p in m.parts), default=0), "parts": parts,
+    }
+    if with_files:
+        out["file_entries"] = [{"path": f.path, "kind": f.kind, "kg_lo": f.kg_lo, "kg_hi": f.kg_hi, "rows": f.rows, "size": f.size,
+                                "segments": len(f.segments), "sha256": f.sha256} for f in m.files]
+    return out
 
 
 @dataclass

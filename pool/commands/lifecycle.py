@@ -1,0 +1,304 @@
+"""clink-pool savepoint | restore | compact | gc | pin | unpin | ls | inspect: lifecycle commands straight on a store."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+from pool.cli import fail
+from snapshot.errors import ClinkError, InvalidArgumentError
+
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '15m', '2h', '7d' as seconds; InvalidArgumentError naming the text otherwise."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise InvalidArgumentError(f"duration {text!r} must be a number with an optional unit s, m, h or d (e.g. 90s, 15m, 2h)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def _open(uri: str, endpoint: str | None, region: str | None):
+    from store.objects import StoreConfig, open_store
+
+    config = StoreConfig(endpoint_url=endpoint, region=region, access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or None,
+                         secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or None)
+    return open_store(uri, config)
+
+
+def store_options(fn: Callable) -> Callable:
+    """--store, S3 endpoint/region and --output, shared by every lifecycle command."""
+    fn = click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
+                      help="text for people, json (one object on stdout) for scripts.")(fn)
+    fn = click.option("--s3-region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], default=None, help="S3 region. Env: AWS_REGION.")(fn)
+    fn = click.option("--s3-endpoint-url", envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"], default=None,
+                      help="S3 endpoint (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL.")(fn)
+    fn = click.option("--store", "store_uri", required=True, envvar="CLINK_POOL_STORE",
+                      help="The pool's store: file://DIR or s3://BUCKET/PREFIX. Env: CLINK_POOL_STORE.")(fn)
+    return fn
+
+
+def _lifecycle(store_uri: str, endpoint: str | None, region: str | None, **config: Any):
+    from pool.lifecycle import Lifecycle, LifecycleConfig
+
+    return Lifecycle(_open(store_uri, endpoint, region), LifecycleConfig(**config))
+
+
+def _emit(output: str, doc: dict, text: str) -> None:
+    click.echo(json.dumps(doc, sort_keys=True) if output == "json" else text)
+
+
+@contextmanager
+def _progress(label: str, enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr when it is a terminal; a no-op callback otherwise."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda done, total: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def _guard(fn: Callable) -> Callable:
+    """Domain errors become one line on stderr and the documented exit code."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ClinkError as exc:
+            fail(exc)
+
+    return run
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+@click.command("savepoint")
+@click.argument("job")
+@click.argument("name")
+@click.option("--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="Checkpoint to save; 0 = latest complete.")
+@click.option("--target-store", default=None, help="Write the savepoint into another store (archival bucket, local dir). Default: --store.")
+@store_options
+@_guard
+def savepoint_cmd(job: str, name: str, checkpoint: int, target_store: str | None, store_uri: str, s3_endpoint_url: str | None,
+                  s3_region: str | None, output: str) -> None:
+    """Write savepoints/NAME/ from a checkpoint of JOB: self-contained, relocatable, one folded base file.
+
+    \b
+    The folder holds _metadata and data/*.arrow with relative paths only: copy it to any bucket or
+    directory and `clink-pool restore --from-savepoint NAME` or `clink cat` reads it there.
+      clink-pool savepoint --store s3://bkt/pool orders release-7
+      clink-pool savepoint --store s3://bkt/pool orders nightly -c 42 --target-store file:///archive
+    """
+    life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
+    target = _open(target_store, s3_endpoint_url, s3_region) if target_store else None
+    info = life.savepoint(job, checkpoint, name, target)
+    _emit(output, asdict(info), f"savepoint {info.name!r}: checkpoint {info.checkpoint_id} of {info.job}, {info.rows} rows, "
+                                f"{info.files} file(s), {_mb(info.bytes)} in {info.store_uri}/savepoints/{info.name}")
+
+
+@click.command("restore")
+@click.argument("new_job")
+@click.option("--from-savepoint", "savepoint", default=None, help="Savepoint NAME to restore from.")
+@click.option("--from-job", "source_job", default=None, help="Job whose checkpoint to restore from (with --checkpoint).")
+@click.option("--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="With --from-job: checkpoint id, 0 = latest.")
+@click.option("--source-store", default=None, help="Store holding the source (savepoint or job). Default: --store.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on a terminal.")
+@store_options
+@_guard
+def restore_cmd(new_job: str, savepoint: str | None, source_job: str | None, checkpoint: int, source_store: str | None, progress: bool,
+                store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str) -> None:
+    """Create NEW_JOB's checkpoint 1 from a savepoint or another job's checkpoint (files copied, checksums verified).
+
+    \b
+    Workers of NEW_JOB then restore with any key-group ranges (any parallelism) and commit checkpoint 2.
+      clink-pool restore --store s3://bkt/pool orders-v2 --from-savepoint release-7
+      clink-pool restore --store file:///pool orders-v2 --from-savepoint nightly --source-store file:///archive
+      clink-pool restore --store s3://bkt/pool orders-replay --from-job orders -c 40
+    """
+    life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
+    source = _open(source_store, s3_endpoint_url, s3_region) if source_store else None
+    with _progress("copying data files", progress) as step:
+        m = life.restore_job(new_job, savepoint=savepoint, job=source_job, checkpoint_id=checkpoint, source_store=source, progress=step)
+    origin = f"savepoint {savepoint!r}" if savepoint else f"checkpoint {checkpoint or 'latest'} of {source_job}"
+    doc = {"job": m.job, "checkpoint_id": m.checkpoint_id, "files": len(m.files), "bytes": m.total_bytes, "source": origin}
+    _emit(output, doc, f"restored {origin} as checkpoint 1 of {m.job}: {len(m.files)} file(s), {_mb(m.total_bytes)}")
+
+
+@click.command("compact")
+@click.argument("job")
+@click.option("--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="Checkpoint to compact; 0 = latest complete.")
+@click.option("--max-layers", type=click.IntRange(1), default=8, show_default=True, help="Fold a part with more layers than this.")
+@click.option("--max-delta-mb", type=click.IntRange(0), default=256, show_default=True, help="... or whose delta layers hold more MB than this.")
+@click.option("--force", is_flag=True, help="Fold every part with more than one layer, whatever the thresholds.")
+@store_options
+@_guard
+def compact_cmd(job: str, checkpoint: int, max_layers: int, max_delta_mb: int, force: bool, store_uri: str, s3_endpoint_url: str | None,
+                s3_region: str | None, output: str) -> None:
+    """Fold the layers of a checkpoint's parts over the thresholds into one base file each.
+
+    \b
+    The manifest is replaced by compare-and-swap (a concurrent change makes it exit 1, changing nothing); every
+    read answers the same before and after, and later checkpoints build on the base.
+      clink-pool compact --store s3://bkt/pool orders
+      clink-pool compact --store s3://bkt/pool orders -c 42 --force -o json
+    """
+    life = _lifecycle(store_uri, s3_endpoint_url, s3_region, compact_max_layers=max_layers, compact_max_delta_bytes=max_delta_mb << 20)
+    res = life.compact(job, checkpoint, force)
+    doc = asdict(res)
+    doc["folded"] = [{"kg_lo": lo, "kg_hi": hi, "layers_before": n} for lo, hi, n in res.folded]
+    if not res.folded:
+        text = f"checkpoint {res.checkpoint_id} of {job}: no part over the thresholds, nothing to fold"
+    else:
+        ranges = ", ".join(f"{lo}-{hi} ({n} layers)" for lo, hi, n in res.folded)
+        text = f"checkpoint {res.checkpoint_id} of {job}: folded {ranges} into {res.files_written} base file(s), {_mb(res.bytes_written)}"
+    _emit(output, doc, text)
+
+
+@click.command("gc")
+@click.option("--job", default=None, help="Only this job (default: every job and savepoint in the store).")
+@click.option("--min-age", default="1h", show_default=True, help="Only delete files older than this (90s, 15m, 2h, 7d): commits in flight are safe.")
+@click.option("--keep-last", type=click.IntRange(1), default=None, help="First apply retention: keep the newest K complete checkpoints of each job (pins hold others).")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on a terminal.")
+@store_options
+@_guard
+def gc_cmd(job: str | None, min_age: str, keep_last: int | None, dry_run: bool, progress: bool, store_uri: str, s3_endpoint_url: str | None,
+           s3_region: str | None, output: str) -> None:
+    """Delete data files no retained manifest, staged part or savepoint names, older than --min-age.
+
+    \b
+    One listing per run. An interrupted run leaves gc/progress.json; the next run reports it and finishes the work.
+      clink-pool gc --store s3://bkt/pool --dry-run
+      clink-pool gc --store s3://bkt/pool --keep-last 3 --min-age 2h -o json
+    """
+    life = _lifecycle(store_uri, s3_endpoint_url, s3_region, gc_min_age_s=parse_duration(min_age), retain_last=keep_last or 3)
+    retained = []
+    if keep_last is not None:
+        jobs = [job] if job else life.store.list_prefixes("jobs/")
+        retained = [asdict(life.retain(j, keep_last, dry_run)) for j in jobs]
+    with _progress("deleting unreferenced files", progress and not dry_run) as step:
+        res = life.gc(job, dry_run, progress=step)
+    doc = {**asdict(res), "retention": retained}
+    verb = "would delete" if dry_run else "deleted"
+    lines = []
+    for r in retained:
+        pinned = f", pinned {list(r['pinned'])}" if r["pinned"] else ""
+        lines.append(f"{r['job']}: {'would remove' if dry_run else 'removed'} checkpoints {list(r['deleted']) or 'none'}, kept {list(r['kept'])}{pinned}")
+    if res.resumed is not None:
+        lines.append(f"finishing an interrupted run (started_ms {res.resumed.get('started_ms')}, {res.resumed.get('planned')} planned)")
+    lines += [f"  {key}" for key in res.deleted] if dry_run else []
+    lines.append(f"gc {res.scope}: {verb} {len(res.deleted)} object(s), {_mb(res.deleted_bytes)}; {res.listed_objects} listed, "
+                 f"{res.referenced} referenced, {res.too_young} younger than {min_age}")
+    _emit(output, doc, "\n".join(lines))
+
+
+@click.command("pin")
+@click.argument("job")
+@click.argument("checkpoint", type=click.IntRange(0))
+@click.argument("holder")
+@click.option("--ttl", default="1h", show_default=True, help="How long the pin holds (renew by pinning again): 90s, 15m, 2h, 7d.")
+@store_options
+@_guard
+def pin_cmd(job: str, checkpoint: int, holder: str, ttl: str, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str) -> None:
+    """Keep CHECKPOINT of JOB (0 = latest) from retention while HOLDER reads it, until the TTL runs out."""
+    life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
+    expires = life.pin(job, checkpoint, holder, parse_duration(ttl))
+    _emit(output, {"job": job, "checkpoint_id": checkpoint, "holder": holder, "expires_at_ms": expires},
+          f"pinned checkpoint {checkpoint or 'latest'} of {job} for {holder} until {expires} ms")
+
+
+@click.command("unpin")
+@click.argument("job")
+@click.argument("checkpoint", type=click.IntRange(1))
+@click.argument("holder")
+@store_options
+@_guard
+def unpin_cmd(job: str, checkpoint: int, holder: str, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str) -> None:
+    """Drop HOLDER's pin on CHECKPOINT of JOB (no error if there is none)."""
+    _lifecycle(store_uri, s3_endpoint_url, s3_region).unpin(job, checkpoint, holder)
+    _emit(output, {"job": job, "checkpoint_id": checkpoint, "holder": holder, "unpinned": True}, f"unpinned checkpoint {checkpoint} of {job} for {holder}")
+
+
+@click.command("ls")
+@click.argument("job", required=False)
+@store_options
+@_guard
+def ls_cmd(job: str | None, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str) -> None:
+    """Without JOB: the jobs and savepoints in the store. With JOB: its checkpoints (layers, files, bytes) and pins.
+
+    \b
+      clink-pool ls --store s3://bkt/pool
+      clink-pool ls --store s3://bkt/pool orders -o json
+    """
+    life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
+    if job is None:
+        doc = {"jobs": life.store.list_prefixes("jobs/"), "savepoints": life.list_savepoints()}
+        text = "\n".join([f"job       {j}" for j in doc["jobs"]] + [f"savepoint {s}" for s in doc["savepoints"]]) or "(empty store)"
+        _emit(output, doc, text)
+        return
+    doc = life.describe_job(job)
+    lines = [f"{'chk':>6} {'state':<10} {'parts':>5} {'layers':>6} {'files':>5} {'bytes':>12}"]
+    for c in doc["checkpoints"]:
+        if c["complete"]:
+            lines.append(f"{c['checkpoint_id']:>6} {'complete':<10} {len(c['parts']):>5} {c['max_layers']:>6} {c['files']:>5} {c['bytes']:>12}")
+        else:
+            lines.append(f"{c['checkpoint_id']:>6} {'staged':<10} {len(c['staged_ranges']):>5} {'':>6} {'':>5} {'':>12}  ranges {', '.join(c['staged_ranges'])}")
+    for p in doc["pins"]:
+        lines.append(f"pin: checkpoint {p['checkpoint_id']} held by {p['holder']} until {p['expires_at_ms']} ms{' (expired)' if p['expired'] else ''}")
+    lines.append(f"{doc['data_files']} data file(s), {_mb(doc['data_bytes'])} under jobs/{job}/data/")
+    _emit(output, doc, "\n".join(lines))
+
+
+@click.command("inspect")
+@click.argument("job", required=False)
+@click.option("--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="Checkpoint id; 0 = latest complete.")
+@click.option("--savepoint", default=None, help="Inspect savepoints/NAME instead of a job's checkpoint.")
+@store_options
+@_guard
+def inspect_cmd(job: str | None, checkpoint: int, savepoint: str | None, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None,
+                output: str) -> None:
+    """A checkpoint's or savepoint's manifest: parts, their layers (oldest first), every file with kind, rows, size, segments.
+
+    \b
+      clink-pool inspect --store s3://bkt/pool orders -c 42
+      clink-pool inspect --store file:///archive --savepoint nightly -o json
+    """
+    from pool.lifecycle import manifest_summary
+
+    if (job is None) == (savepoint is None):
+        raise InvalidArgumentError("inspect needs a JOB or --savepoint NAME (not both)")
+    life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
+    _, m, folder = life.open_savepoint(savepoint) if savepoint else life.open_checkpoint(job, checkpoint)
+    doc = {**manifest_summary(m), "folder": folder}
+    lines = [f"{folder}: checkpoint {m.checkpoint_id} of {m.job} (parent {m.parent_id}), {len(m.files)} file(s), {_mb(m.total_bytes)}, "
+             f"{m.total_rows} rows stored"]
+    lines += [f"operator {o:#018x} {u or '(no uid)'}" for o, u in m.operators]
+    files = {f["path"]: f for f in doc["file_entries"]}
+    for p in doc["parts"]:
+        lines.append(f"part {p['kg_lo']}-{p['kg_hi']} epoch {p['epoch']}: {p['layers']} layer(s), {_mb(p['bytes'])}")
+        for i, layer in enumerate(p["layer_files"]):
+            for path in layer:
+                f = files[path]
+                lines.append(f"  [{i}] {f['kind']:<5} {path}  kg {f['kg_lo']}-{f['kg_hi']}, {f['rows']} rows, {f['size']} bytes, {f['segments']} segment(s)")
+    _emit(output, doc, "\n".join(lines))
+
+
+COMMANDS = (savepoint_cmd, restore_cmd, compact_cmd, gc_cmd, pin_cmd, unpin_cmd, ls_cmd, inspect_cmd)
