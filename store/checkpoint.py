@@ -355,6 +355,7 @@ class CheckpointReader:
         # after this many point-read batches on one checkpoint, its merged view gets one index (one probe, not one per layer)
         self.resolved_index_after = resolved_index_after
         self._lookups: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._building: set[tuple] = set()
         self._manifests: OrderedDict[int, Manifest] = OrderedDict()
         self._bounds: dict[str, tuple[list[Segment], np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
@@ -692,9 +693,26 @@ class CheckpointReader:
                 self._lookups.popitem(last=False)
         if count <= self.resolved_index_after or manifest.total_bytes * 3 > self.cache.max_bytes:
             return None
-        index = KeyIndex.build(self.read_manifest_table(manifest))
-        self.cache.put(key, index, index.nbytes)
-        return index
+        if self.resolved_index_after == 0:  # asked for at once (tests): build it here
+            self._build_resolved(key, manifest)
+            return self.cache.get(key)
+        with self._lock:
+            if key in self._building:
+                return None
+            self._building.add(key)
+        # built off the request path: reads keep going layer by layer until the index is ready
+        threading.Thread(target=self._build_resolved, args=(key, manifest), name="clink-resolved-index", daemon=True).start()
+        return None
+
+    def _build_resolved(self, key: tuple, manifest: Manifest) -> None:
+        try:
+            index = KeyIndex.build(self.read_manifest_table(manifest))
+            self.cache.put(key, index, index.nbytes)
+        except Exception:  # noqa: BLE001 - an optimisation only: the layer-by-layer path keeps answering (and reports errors)
+            pass
+        finally:
+            with self._lock:
+                self._building.discard(key)
 
     def operator_index(self, manifest: Manifest) -> KeyIndex:
         """The (cached) hash index of a checkpoint's operator-state view."""
