@@ -256,3 +256,24 @@ def test_random_rescales_match_the_model(tmp_path_factory, plan):
         for reader in (cold, PoolCore(store, PoolConfig(resolved_index_after=0))):
             found, values, _ = reader.multi_get("job", cid, [k[0] for k in probe], [k[1] for k in probe])
             assert found == [True] * (len(probe) - 1) + [False] and values == [expected[k] for k in probe[:-1]] + [b""]
+
+
+def test_often_read_checkpoint_gets_a_merged_index_in_the_background(file_store):
+    import time
+
+    core = PoolCore(file_store, PoolConfig(resolved_index_after=2))
+    epoch, _ = core.acquire_writer("j", FULL)
+    rows = [(s.ROW_PUT, OP_IDS["source"], keyed(f"k{i}"), str(i).encode()) for i in range(500)] + [(s.ROW_PUT, OP_IDS["sink"], op_key("o"), b"op")]
+    commit(core, "j", 1, 0, FULL, epoch, rows)
+    commit(core, "j", 2, 1, FULL, epoch, [(s.ROW_ERASE, OP_IDS["source"], keyed("k1"), b""), (s.ROW_PUT, OP_IDS["source"], keyed("k2"), b"two")])
+    ops = [OP_IDS["source"]] * 4 + [OP_IDS["sink"]]
+    keys = [keyed("k0"), keyed("k1"), keyed("k2"), keyed("nope"), op_key("o")]
+    expected = ([True, False, True, False, True], [b"0", b"", b"two", b"", b"op"], 2)
+    reader = core.reader("j")
+    manifest = reader.manifest(2)
+    deadline = time.monotonic() + 20
+    while reader._resolved_index(manifest) is None:  # bounded: the build is a background thread
+        assert core.multi_get("j", 2, ops, keys) == expected
+        assert time.monotonic() < deadline, "the merged index was never built"
+        time.sleep(0.01)
+    assert core.multi_get("j", 2, ops, keys) == expected  # now answered by the merged index
