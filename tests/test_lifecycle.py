@@ -278,6 +278,15 @@ def test_compaction_folds_layers_and_every_read_answers_the_same(s3_store):
     assert all(len(p.layers) == 2 and m13.file(p.layers[0][0]).kind == "base" for p in m13.parts)
     assert scan_checkpoint(s3_store, "j", 13) == model
     assert scan_checkpoint(s3_store, "j", 11) == models[11]  # older checkpoints still read their own layers
+    # once the pre-compaction checkpoints leave retention, GC frees their layers: 13 names the base and its delta only
+    clock = Clock()
+    clock.offset = 120
+    cleaner = Lifecycle(s3_store, LifecycleConfig(retain_last=1, gc_min_age_s=60), clock=clock)
+    assert cleaner.retain("j").deleted == tuple(range(1, 13))
+    freed = cleaner.gc("j")
+    assert len(freed.deleted) == 24  # the twelve deltas of each half
+    assert {o.key for o in s3_store.list("jobs/j/data/")} == {f"jobs/j/{f.path}" for f in m13.files}
+    assert scan_checkpoint(s3_store, "j", 13) == model
 
 
 def test_a_compaction_that_races_a_change_replaces_nothing(s3_store):
