@@ -30,7 +30,7 @@ from snapshot import (
 from snapshot.errors import InvalidArgumentError, NotFoundError
 from store.datafile import DataFile, Segment, decode_segment, verify_file, verify_segment
 from store.manifest import Manifest, Part, checkpoint_prefix, job_prefix, metadata_key, parse_manifest
-from store.objects import ObjectStore
+from store.objects import ObjectStore, coalesce_ranges
 
 MANIFEST_CACHE_ENTRIES = 256
 _CHK_RE = re.compile(r"^chk-([1-9][0-9]*)/(_metadata|parts/([0-9]+)-([0-9]+)\.json)$")
@@ -428,18 +428,25 @@ class CheckpointReader:
         if missing:
             key = job_prefix(self.job) + entry.path
             wanted = [segments[i] for i in missing]
-            if len(wanted) == len(entry.segments):
+            blobs: list[pa.Buffer] = [pa.py_buffer(b"")] * len(wanted)
+            if sum(s.length for s in wanted) * 10 >= entry.size * 9:  # (nearly) all of it: one GET, checked by sha256
                 data = self._get_file(key, entry)
                 verify_file(entry, data)
                 whole = pa.py_buffer(data)  # zero-copy slices: decoded columns point into the file's bytes
                 blobs = [whole.slice(s.offset, s.length) for s in wanted]
             else:
-                blobs = self._get_ranges(key, [(s.offset, s.length) for s in wanted])
-                for seg, blob in zip(wanted, blobs, strict=True):
-                    verify_segment(entry, seg, blob)
+                for start, length, members in coalesce_ranges([(s.offset, s.length) for s in wanted], self.store.coalesce_gap_bytes):
+                    span = pa.py_buffer(self._get_range(key, entry, start, length))
+                    for j in members:
+                        rel = wanted[j].offset - start
+                        blobs[j] = span.slice(min(rel, span.size), max(0, min(wanted[j].length, span.size - rel)))  # short read: caught below
+                        verify_segment(entry, wanted[j], blobs[j])
+            # segments of a big read are not kept: they would pin the whole read in memory (a scan keeps its result instead)
+            keep = sum(b.size for b in blobs) <= self.cache.max_bytes // 8
             for i, seg, blob in zip(missing, wanted, blobs, strict=True):
                 table = decode_segment(entry, seg, blob)
-                self.cache.put((self.store.uri, self.job, entry.path, seg.offset), table)
+                if keep:
+                    self.cache.put((self.store.uri, self.job, entry.path, seg.offset), table)
                 out[i] = table
         return out  # type: ignore[return-value]
 
@@ -449,11 +456,11 @@ class CheckpointReader:
         except NotFoundError:
             raise NotFoundError(f"data file {entry.path} of job {self.job} is missing from {self.store.uri}") from None
 
-    def _get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    def _get_range(self, key: str, entry: DataFile, start: int, length: int) -> bytes:
         try:
-            return self.store.get_ranges(key, ranges)
+            return self.store.get_range(key, start, length)
         except NotFoundError:
-            raise NotFoundError(f"data file {key} of job {self.job} is missing from {self.store.uri}") from None
+            raise NotFoundError(f"data file {entry.path} of job {self.job} is missing from {self.store.uri}") from None
 
     def _keyed_rows(self, entry: DataFile, lo: int, hi: int) -> pa.Table | None:
         """Rows of key groups lo..hi from one file (changelog for deltas, canonical for bases), or None."""

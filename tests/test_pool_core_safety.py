@@ -375,3 +375,17 @@ def test_a_repeated_identical_commit_is_answered_again(store):
     newer, _ = core.acquire_writer("j", FULL)
     with pytest.raises((ConflictError, FencedError)):
         commit(core, "j", 1, 0, FULL, newer, rows)  # another writer cannot claim the same checkpoint
+
+
+def test_truncated_data_file_is_reported_naming_the_file(store):
+    core = PoolCore(store, PoolConfig(segment_target_bytes=256))
+    epoch, _ = core.acquire_writer("j", FULL)
+    commit(core, "j", 1, 0, FULL, epoch, [_put(f"k{i}", b"x" * 20) for i in range(300)])
+    (key,) = _data_files(store, "j")
+    store.put(key, store.get(key)[:-100])
+    name = key.split("/", 2)[2]
+    with pytest.raises(ChecksumMismatchError, match=name):
+        list(PoolCore(store).scan("j", 1, None, [], None))
+    probe = [keyed(f"k{i}") for i in range(300)]
+    with pytest.raises(ChecksumMismatchError, match=name):
+        PoolCore(store).multi_get("j", 1, [SRC] * len(probe), probe)
