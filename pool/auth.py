@@ -215,6 +215,11 @@ METHOD_ACCESS: dict[str, str] = {
     "ListCheckpoints": READ,
     "DescribeCheckpoint": READ,
     "ListJobs": READ,  # answered with the jobs the token may read
+    "Savepoint": WRITE,
+    "PinCheckpoint": READ,  # readers pin what they read
+    "UnpinCheckpoint": READ,
+    "CompactCheckpoint": WRITE,
+    "CollectGarbage": WRITE,
 }
 
 

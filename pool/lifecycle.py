@@ -313,20 +313,22 @@ class Lifecycle:
     def _pin_key(self, job: str, checkpoint_id: int, holder: str) -> str:
         return f"{job_prefix(job)}pins/{checkpoint_id}/{holder}.json"
 
-    def pin(self, job: str, checkpoint_id: int, holder: str, ttl_s: float) -> int:
-        """Protect a complete checkpoint from retention until now + ttl_s (renewable); returns the expiry in ms."""
+    def pin(self, job: str, checkpoint_id: int, holder: str, ttl_s: float) -> tuple[int, int]:
+        """Protect a complete checkpoint (0 = latest) from retention until now + ttl_s (renewable): (checkpoint id, expiry ms)."""
         job, holder = self._job(job), self._name(holder, "pin holder")
-        if not ttl_s > 0:
-            raise InvalidArgumentError(f"pin ttl {ttl_s!r} must be a positive number of seconds")
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s < 10 * 365 * 86400:
+            raise InvalidArgumentError(f"pin ttl {ttl_s!r} must be a positive number of seconds (under ten years)")
         _, manifest, _ = self.open_checkpoint(job, checkpoint_id)
         expires = self._now_ms() + int(ttl_s * 1000)
         body = {"format": PIN_FORMAT, "job": job, "checkpoint_id": manifest.checkpoint_id, "holder": holder, "expires_at_ms": expires}
         self.store.put(self._pin_key(job, manifest.checkpoint_id, holder), json.dumps(body, sort_keys=True).encode())
-        return expires
+        return manifest.checkpoint_id, expires
 
     def unpin(self, job: str, checkpoint_id: int, holder: str) -> None:
         """Drop a pin (idempotent)."""
         job, holder = self._job(job), self._name(holder, "pin holder")
+        if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 1:
+            raise InvalidArgumentError(f"checkpoint id {checkpoint_id!r} of a pin must be a positive integer")
         self.store.delete(self._pin_key(job, checkpoint_id, holder))
 
     def _live_pins(self, infos: list[ObjectInfo], now_ms: int) -> tuple[set[int], list[str]]:

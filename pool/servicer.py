@@ -9,6 +9,7 @@ import numpy as np
 
 from pool.core import PoolCore
 from pool.domain import CheckpointInfo, CommitRequest, KeyGroupRange
+from pool.lifecycle import Lifecycle
 from pool.streaming import length_delimited_field_1, stream_chunks
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
@@ -70,8 +71,10 @@ def _delta_chunks(chunks: Iterator[pb.CommitChunk]) -> Iterator[bytes]:
 class RemotePoolServicer(pb_grpc.RemotePoolServicer):
     """Converts each RPC to one PoolCore call; domain errors are mapped to status codes by pool.errors.StatusInterceptor."""
 
-    def __init__(self, core: PoolCore) -> None:
+    def __init__(self, core: PoolCore, lifecycle: Lifecycle | None = None) -> None:
         self.core = core
+        # lifecycle RPCs share the core's cache; a compaction makes the core forget the replaced manifest
+        self.lifecycle = lifecycle or Lifecycle(core.store, cache=core.cache, on_manifest_replaced=lambda job, cid: core.reader(job).forget(cid))
 
     def AcquireWriter(self, request: pb.AcquireWriterRequest, context: grpc.ServicerContext) -> pb.AcquireWriterResponse:
         epoch, latest = self.core.acquire_writer(request.job, _required_range(request, "AcquireWriter"))
@@ -119,6 +122,31 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
     def DeleteCheckpoint(self, request: pb.DeleteCheckpointRequest, context: grpc.ServicerContext) -> pb.DeleteCheckpointResponse:
         self.core.delete_checkpoint(request.job, request.checkpoint_id)
         return pb.DeleteCheckpointResponse()
+
+    def Savepoint(self, request: pb.SavepointRequest, context: grpc.ServicerContext) -> pb.SavepointResponse:
+        info = self.lifecycle.savepoint(request.job, request.checkpoint_id, request.name)
+        return pb.SavepointResponse(name=info.name, checkpoint_id=info.checkpoint_id, files=info.files, bytes=info.bytes, rows=info.rows,
+                                    location=f"{info.store_uri.rstrip('/')}/savepoints/{info.name}")
+
+    def PinCheckpoint(self, request: pb.PinCheckpointRequest, context: grpc.ServicerContext) -> pb.PinCheckpointResponse:
+        checkpoint_id, expires = self.lifecycle.pin(request.job, request.checkpoint_id, request.holder, request.ttl_seconds)
+        return pb.PinCheckpointResponse(checkpoint_id=checkpoint_id, expires_at_ms=expires)
+
+    def UnpinCheckpoint(self, request: pb.UnpinCheckpointRequest, context: grpc.ServicerContext) -> pb.UnpinCheckpointResponse:
+        self.lifecycle.unpin(request.job, request.checkpoint_id, request.holder)
+        return pb.UnpinCheckpointResponse()
+
+    def CompactCheckpoint(self, request: pb.CompactCheckpointRequest, context: grpc.ServicerContext) -> pb.CompactCheckpointResponse:
+        res = self.lifecycle.compact(request.job, request.checkpoint_id, request.force)
+        return pb.CompactCheckpointResponse(checkpoint_id=res.checkpoint_id, folded=[pb.KeyGroupRange(lo=lo, hi=hi) for lo, hi, _ in res.folded],
+                                            files_written=res.files_written, bytes_written=res.bytes_written)
+
+    def CollectGarbage(self, request: pb.CollectGarbageRequest, context: grpc.ServicerContext) -> pb.CollectGarbageResponse:
+        if not request.job:
+            raise InvalidArgumentError("CollectGarbage: job is required (a store-wide GC runs with `clink-pool gc`)")
+        res = self.lifecycle.gc(request.job, request.dry_run)
+        return pb.CollectGarbageResponse(deleted=res.deleted, deleted_bytes=res.deleted_bytes, listed_objects=res.listed_objects,
+                                         referenced=res.referenced, too_young=res.too_young)
 
 
 def _encoded(message: bytes) -> bytes:

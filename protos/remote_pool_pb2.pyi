@@ -213,3 +213,107 @@ class DeleteCheckpointRequest(_message.Message):
 class DeleteCheckpointResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class SavepointRequest(_message.Message):
+    __slots__ = ("job", "checkpoint_id", "name")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    name: str
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+
+class SavepointResponse(_message.Message):
+    __slots__ = ("name", "checkpoint_id", "files", "bytes", "rows", "location")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    checkpoint_id: int
+    files: int
+    bytes: int
+    rows: int
+    location: str
+    def __init__(self, name: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., files: _Optional[int] = ..., bytes: _Optional[int] = ..., rows: _Optional[int] = ..., location: _Optional[str] = ...) -> None: ...
+
+class PinCheckpointRequest(_message.Message):
+    __slots__ = ("job", "checkpoint_id", "holder", "ttl_seconds")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    holder: str
+    ttl_seconds: float
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., holder: _Optional[str] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+
+class PinCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint_id", "expires_at_ms")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: int
+    expires_at_ms: int
+    def __init__(self, checkpoint_id: _Optional[int] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+
+class UnpinCheckpointRequest(_message.Message):
+    __slots__ = ("job", "checkpoint_id", "holder")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    holder: str
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., holder: _Optional[str] = ...) -> None: ...
+
+class UnpinCheckpointResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CompactCheckpointRequest(_message.Message):
+    __slots__ = ("job", "checkpoint_id", "force")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: int
+    force: bool
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class CompactCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint_id", "folded", "files_written", "bytes_written")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    FOLDED_FIELD_NUMBER: _ClassVar[int]
+    FILES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: int
+    folded: _containers.RepeatedCompositeFieldContainer[KeyGroupRange]
+    files_written: int
+    bytes_written: int
+    def __init__(self, checkpoint_id: _Optional[int] = ..., folded: _Optional[_Iterable[_Union[KeyGroupRange, _Mapping]]] = ..., files_written: _Optional[int] = ..., bytes_written: _Optional[int] = ...) -> None: ...
+
+class CollectGarbageRequest(_message.Message):
+    __slots__ = ("job", "dry_run")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    dry_run: bool
+    def __init__(self, job: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class CollectGarbageResponse(_message.Message):
+    __slots__ = ("deleted", "deleted_bytes", "listed_objects", "referenced", "too_young")
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    DELETED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LISTED_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    REFERENCED_FIELD_NUMBER: _ClassVar[int]
+    TOO_YOUNG_FIELD_NUMBER: _ClassVar[int]
+    deleted: _containers.RepeatedScalarFieldContainer[str]
+    deleted_bytes: int
+    listed_objects: int
+    referenced: int
+    too_young: int
+    def __init__(self, deleted: _Optional[_Iterable[str]] = ..., deleted_bytes: _Optional[int] = ..., listed_objects: _Optional[int] = ..., referenced: _Optional[int] = ..., too_young: _Optional[int] = ...) -> None: ...

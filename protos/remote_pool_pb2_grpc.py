@@ -79,6 +79,31 @@ class RemotePoolStub:
                 request_serializer=protos_dot_remote__pool__pb2.DeleteCheckpointRequest.SerializeToString,
                 response_deserializer=protos_dot_remote__pool__pb2.DeleteCheckpointResponse.FromString,
                 _registered_method=True)
+        self.Savepoint = channel.unary_unary(
+                '/clink.remote_state.v1.RemotePool/Savepoint',
+                request_serializer=protos_dot_remote__pool__pb2.SavepointRequest.SerializeToString,
+                response_deserializer=protos_dot_remote__pool__pb2.SavepointResponse.FromString,
+                _registered_method=True)
+        self.PinCheckpoint = channel.unary_unary(
+                '/clink.remote_state.v1.RemotePool/PinCheckpoint',
+                request_serializer=protos_dot_remote__pool__pb2.PinCheckpointRequest.SerializeToString,
+                response_deserializer=protos_dot_remote__pool__pb2.PinCheckpointResponse.FromString,
+                _registered_method=True)
+        self.UnpinCheckpoint = channel.unary_unary(
+                '/clink.remote_state.v1.RemotePool/UnpinCheckpoint',
+                request_serializer=protos_dot_remote__pool__pb2.UnpinCheckpointRequest.SerializeToString,
+                response_deserializer=protos_dot_remote__pool__pb2.UnpinCheckpointResponse.FromString,
+                _registered_method=True)
+        self.CompactCheckpoint = channel.unary_unary(
+                '/clink.remote_state.v1.RemotePool/CompactCheckpoint',
+                request_serializer=protos_dot_remote__pool__pb2.CompactCheckpointRequest.SerializeToString,
+                response_deserializer=protos_dot_remote__pool__pb2.CompactCheckpointResponse.FromString,
+                _registered_method=True)
+        self.CollectGarbage = channel.unary_unary(
+                '/clink.remote_state.v1.RemotePool/CollectGarbage',
+                request_serializer=protos_dot_remote__pool__pb2.CollectGarbageRequest.SerializeToString,
+                response_deserializer=protos_dot_remote__pool__pb2.CollectGarbageResponse.FromString,
+                _registered_method=True)
 
 
 class RemotePoolServicer:
@@ -138,6 +163,37 @@ class RemotePoolServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Savepoint(self, request, context):
+        """Lifecycle (pool/lifecycle.py): savepoints into the pool's store, pins against retention, compaction, GC of one job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PinCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnpinCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompactCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CollectGarbage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RemotePoolServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +241,31 @@ def add_RemotePoolServicer_to_server(servicer, server):
                     servicer.DeleteCheckpoint,
                     request_deserializer=protos_dot_remote__pool__pb2.DeleteCheckpointRequest.FromString,
                     response_serializer=protos_dot_remote__pool__pb2.DeleteCheckpointResponse.SerializeToString,
+            ),
+            'Savepoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Savepoint,
+                    request_deserializer=protos_dot_remote__pool__pb2.SavepointRequest.FromString,
+                    response_serializer=protos_dot_remote__pool__pb2.SavepointResponse.SerializeToString,
+            ),
+            'PinCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.PinCheckpoint,
+                    request_deserializer=protos_dot_remote__pool__pb2.PinCheckpointRequest.FromString,
+                    response_serializer=protos_dot_remote__pool__pb2.PinCheckpointResponse.SerializeToString,
+            ),
+            'UnpinCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnpinCheckpoint,
+                    request_deserializer=protos_dot_remote__pool__pb2.UnpinCheckpointRequest.FromString,
+                    response_serializer=protos_dot_remote__pool__pb2.UnpinCheckpointResponse.SerializeToString,
+            ),
+            'CompactCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompactCheckpoint,
+                    request_deserializer=protos_dot_remote__pool__pb2.CompactCheckpointRequest.FromString,
+                    response_serializer=protos_dot_remote__pool__pb2.CompactCheckpointResponse.SerializeToString,
+            ),
+            'CollectGarbage': grpc.unary_unary_rpc_method_handler(
+                    servicer.CollectGarbage,
+                    request_deserializer=protos_dot_remote__pool__pb2.CollectGarbageRequest.FromString,
+                    response_serializer=protos_dot_remote__pool__pb2.CollectGarbageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +511,141 @@ class RemotePool:
             '/clink.remote_state.v1.RemotePool/DeleteCheckpoint',
             protos_dot_remote__pool__pb2.DeleteCheckpointRequest.SerializeToString,
             protos_dot_remote__pool__pb2.DeleteCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Savepoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clink.remote_state.v1.RemotePool/Savepoint',
+            protos_dot_remote__pool__pb2.SavepointRequest.SerializeToString,
+            protos_dot_remote__pool__pb2.SavepointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PinCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clink.remote_state.v1.RemotePool/PinCheckpoint',
+            protos_dot_remote__pool__pb2.PinCheckpointRequest.SerializeToString,
+            protos_dot_remote__pool__pb2.PinCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnpinCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clink.remote_state.v1.RemotePool/UnpinCheckpoint',
+            protos_dot_remote__pool__pb2.UnpinCheckpointRequest.SerializeToString,
+            protos_dot_remote__pool__pb2.UnpinCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompactCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clink.remote_state.v1.RemotePool/CompactCheckpoint',
+            protos_dot_remote__pool__pb2.CompactCheckpointRequest.SerializeToString,
+            protos_dot_remote__pool__pb2.CompactCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CollectGarbage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clink.remote_state.v1.RemotePool/CollectGarbage',
+            protos_dot_remote__pool__pb2.CollectGarbageRequest.SerializeToString,
+            protos_dot_remote__pool__pb2.CollectGarbageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -220,9 +220,9 @@ def gc_cmd(job: str | None, min_age: str, keep_last: int | None, dry_run: bool, 
 def pin_cmd(job: str, checkpoint: int, holder: str, ttl: str, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str) -> None:
     """Keep CHECKPOINT of JOB (0 = latest) from retention while HOLDER reads it, until the TTL runs out."""
     life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
-    expires = life.pin(job, checkpoint, holder, parse_duration(ttl))
-    _emit(output, {"job": job, "checkpoint_id": checkpoint, "holder": holder, "expires_at_ms": expires},
-          f"pinned checkpoint {checkpoint or 'latest'} of {job} for {holder} until {expires} ms")
+    pinned, expires = life.pin(job, checkpoint, holder, parse_duration(ttl))
+    _emit(output, {"job": job, "checkpoint_id": pinned, "holder": holder, "expires_at_ms": expires},
+          f"pinned checkpoint {pinned} of {job} for {holder} until {expires} ms")
 
 
 @click.command("unpin")
