@@ -26,14 +26,14 @@ def served(s3_store):
     server = PoolServer(PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.5), store=s3_store).start()
     channel = grpc.insecure_channel(server.address)
     try:
-        yield s3_store, pb_grpc.RemotePoolStub(channel)
+        yield s3_store, pb_grpc.RemotePoolStub(channel), server.address
     finally:
         channel.close()
         server.stop(0)
 
 
 def test_lifecycle_rpcs(served):
-    store, stub = served
+    store, stub, _ = served
     models = build_job(PoolCore(store), "j", 10, random.Random(31))
     sp = stub.Savepoint(pb.SavepointRequest(job="j", checkpoint_id=7, name="rel"), timeout=30)
     assert (sp.checkpoint_id, sp.files, sp.rows) == (7, 1, len(models[7])) and sp.location.endswith("/savepoints/rel")
@@ -68,7 +68,7 @@ def test_lifecycle_rpcs(served):
     ],
 )
 def test_lifecycle_rpc_errors_map_to_status_codes(served, call, request_, code, needle):
-    store, stub = served
+    store, stub, _ = served
     build_job(PoolCore(store), "j", 2, random.Random(32))
     stub.Savepoint(pb.SavepointRequest(job="j", name="taken"), timeout=30)
     before = sorted(o.key for o in store.list(""))
@@ -76,3 +76,36 @@ def test_lifecycle_rpc_errors_map_to_status_codes(served, call, request_, code, 
         getattr(stub, call)(request_, timeout=30)
     assert excinfo.value.code() == code and needle in excinfo.value.details()
     assert sorted(o.key for o in store.list("")) == before
+
+
+def test_client_workers_restore_a_restored_job_at_another_parallelism(served):
+    """clink-pool restore, then four RemoteReadBackend workers (the old job had two) restore, read, write and checkpoint."""
+    from client.backend import RemoteReadBackend
+    from pool.lifecycle import Lifecycle
+
+    store, stub, target = served
+    models = build_job(PoolCore(store), "old", 5, random.Random(33))
+    life = Lifecycle(store)
+    life.savepoint("old", 5, "sp")
+    life.restore_job("new", savepoint="sp")
+    model = dict(models[5])
+    workers = [RemoteReadBackend.connect(target, "new", (32 * i, 32 * i + 31)) for i in range(4)]
+    try:
+        for i, w in enumerate(workers):
+            w.restore()
+            lo, hi = w.key_groups
+            mine = [k for k in model if k[1][0] < 128 and lo <= k[1][0] <= hi]
+            assert mine, "every quarter holds state"
+            for op, key in mine[:5]:
+                assert w.get(op, key) == model[(op, key)]  # read lazily from the restored checkpoint
+            op, key = mine[0]
+            w.put(op, key, f"new-{i}".encode())
+            model[(op, key)] = f"new-{i}".encode()
+            w.erase(*mine[1])
+            model.pop(mine[1])
+        for w in workers:
+            w.snapshot(2)
+    finally:
+        for w in workers:
+            w.close()
+    assert table_of(stub.ScanCheckpoint(pb.ScanCheckpointRequest(job="new", checkpoint_id=2), timeout=30)) == model
