@@ -281,3 +281,26 @@ def test_check_savepoint_names_damaged_and_missing_files(savepoint, s3_config, s
     missing = run([*pre, "check-savepoint", f"{other.uri}/savepoints/nope"], env=s3_env)
     assert missing.exit_code == 2
     assert "nope" in one_line_error(missing)
+
+
+def test_savepoint_written_by_the_pool_lifecycle(two_checkpoints, make_file_store, make_s3_store, s3_config, s3_env) -> None:
+    """A savepoint as the pool writes it (layers folded into one base, relocated to another store) reads and checks clean."""
+    from pool.lifecycle import Lifecycle
+
+    store, _, t2 = two_checkpoints
+    target = make_s3_store(prefix="vault") if store.uri.startswith("s3://") else make_file_store("vault")
+    info = Lifecycle(store).savepoint(JOB, 2, "release-2", target_store=target)
+    pre = _args(store, s3_config)
+    src = f"{target.uri}/savepoints/release-2"
+    result = run([*pre, "state-cat", src, "--limit", "0", "-o", "json"], env=s3_env)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["total_rows"] == t2.num_rows == info.rows
+    assert run([*pre, "state-diff", src, _chk(store, 2)], env=s3_env).exit_code == 0
+    code, doc = _check_src(pre, src, s3_env, "--expect-uid", "source", "--expect-uid", "window")
+    assert code == 1
+    assert [f["detail"] for f in _fails(doc) if "'sink'" in f["detail"]], doc
+
+
+def _check_src(pre: list[str], src: str, env: dict, *extra: str) -> tuple[int, dict]:
+    result = run([*pre, "check-savepoint", src, "-o", "json", *extra], env=env)
+    return result.exit_code, json.loads(result.stdout)
