@@ -22,6 +22,7 @@ from store.objects import ObjectInfo, ObjectStore
 SAVEPOINTS = "savepoints/"
 SAVEPOINT_MANIFEST = "_metadata"
 GC_MARKER = "gc/progress.json"
+JOB_GC_MARKER = "gc-progress.json"  # jobs/<job>/gc-progress.json: the marker of a run scoped to one job
 PIN_FORMAT = "clink.pin"
 # folded files aim for about this many segments per key group they cover (one per key group once big enough)
 _MIN_FOLD_SEGMENT_BYTES = 4 << 10
@@ -495,28 +496,30 @@ class Lifecycle:
         Referenced: every file named by a complete checkpoint's _metadata or by any staged part (of complete or
         in-flight checkpoints) of the job; a savepoint's files by its own _metadata. Also removed: expired pins and,
         in a store-wide run, files of savepoint folders without _metadata (an interrupted savepoint), both past the
-        minimum age. A run writes gc/progress.json before deleting and removes it at the end, so an interrupted run is
-        reported by the next one, which recomputes everything from a fresh listing (deletes are idempotent).
+        minimum age. A run writes a progress marker (gc/progress.json, or jobs/<job>/gc-progress.json for one job) before
+        deleting and removes it at the end, so an interrupted run is reported by the next one in its scope, which
+        recomputes everything from a fresh listing (deletes are idempotent).
         """
         scope = "" if job is None else job_prefix(self._job(job))
+        marker_key = scope + JOB_GC_MARKER if scope else GC_MARKER
         result = GcResult(scope or "(whole store)", dry_run)
         now = self._now_ms()
         min_age = int(self.config.gc_min_age_s * 1000)
-        marker_found = False
+        markers: list[str] = []  # progress markers of interrupted runs in scope (a store-wide run also finishes job runs)
         by_job: dict[str, list[ObjectInfo]] = {}
         by_savepoint: dict[str, list[ObjectInfo]] = {}
         for info in self.store.list(scope):  # the only LIST of the run
             result.listed_objects += 1
             parts = info.key.split("/")
-            if info.key == GC_MARKER:
-                marker_found = True
+            if info.key == GC_MARKER or (parts[0] == "jobs" and len(parts) == 3 and parts[2] == JOB_GC_MARKER):
+                markers.append(info.key)
             elif parts[0] == "jobs" and len(parts) > 2:
                 by_job.setdefault(parts[1], []).append(info)
             elif parts[0] == "savepoints" and len(parts) > 2:
                 by_savepoint.setdefault(parts[1], []).append(info)
-        if marker_found and not dry_run:
+        if markers and not dry_run:
             try:
-                result.resumed = json.loads(self.store.get(GC_MARKER))
+                result.resumed = json.loads(self.store.get(markers[0]))
             except (NotFoundError, ValueError):
                 result.resumed = {}
         candidates: list[ObjectInfo] = []
@@ -557,7 +560,7 @@ class Lifecycle:
             return result
         if candidates:
             plan = {"started_ms": now, "scope": result.scope, "planned": len(candidates)}
-            self.store.put(GC_MARKER, json.dumps(plan, sort_keys=True).encode())
+            self.store.put(marker_key, json.dumps(plan, sort_keys=True).encode())
         for n, info in enumerate(candidates):
             if max_deletes is not None and n >= max_deletes:
                 return result  # stopped early on purpose: the marker stays, as after a crash
@@ -566,8 +569,8 @@ class Lifecycle:
             result.deleted_bytes += info.size
             if progress is not None:
                 progress(n + 1, len(candidates))
-        if candidates or marker_found:
-            self.store.delete(GC_MARKER)
+        for key in {marker_key, *markers} if candidates or markers else ():
+            self.store.delete(key)
         return result
 
     def _job_references(self, job: str, layout: _JobLayout) -> set[str]:

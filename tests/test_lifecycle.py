@@ -325,7 +325,7 @@ def test_gc_resumes_after_interruption_and_lists_once_per_run(s3_store):
     models = build_job(core, "j", 6, random.Random(8))
     life = Lifecycle(s3_store, LifecycleConfig(retain_last=1, gc_min_age_s=60), clock=clock)
     life.retain("j")
-    orphans = [f"jobs/j/data/orphan-{i}.arrow" for i in range(3)]
+    orphans = [f"jobs/j/data/orphan-{i}.arrow" for i in range(6)]
     for key in orphans:
         s3_store.put(key, b"left by a lost commit race")
     data_keys = {o.key for o in s3_store.list("jobs/j/data/")}
@@ -338,12 +338,15 @@ def test_gc_resumes_after_interruption_and_lists_once_per_run(s3_store):
     assert {o.key for o in s3_store.list("jobs/j/data/")} == data_keys  # a dry run deletes nothing
     s3_store.counters.reset()
     part = life.gc("j", max_deletes=2)  # interrupted after two deletions
-    assert s3_store.counters.requests["list"] == 1 and len(part.deleted) == 2 and s3_store.exists(GC_MARKER)
+    assert s3_store.counters.requests["list"] == 1 and len(part.deleted) == 2 and s3_store.exists("jobs/j/gc-progress.json")
+    again = life.gc("j", max_deletes=1)  # interrupted again: it saw the first run's marker
+    assert again.resumed is not None and again.resumed["planned"] == len(expected) and len(again.deleted) == 1
     s3_store.counters.reset()
-    rest = life.gc()  # a store-wide run picks up where it stopped
+    rest = life.gc()  # a store-wide run picks up where they stopped
     assert s3_store.counters.requests["list"] == 1
-    assert rest.resumed is not None and rest.resumed["planned"] == len(expected)
-    assert sorted(part.deleted + rest.deleted) == expected and not s3_store.exists(GC_MARKER)
+    assert rest.resumed is not None and rest.resumed["planned"] == len(expected) - 2
+    assert sorted(part.deleted + again.deleted + rest.deleted) == expected
+    assert not s3_store.exists(GC_MARKER) and not s3_store.exists("jobs/j/gc-progress.json")
     assert {o.key for o in s3_store.list("jobs/j/data/")} == referenced_keys(s3_store, "j")
     assert scan_checkpoint(s3_store, "j", 6) == models[6]
 
