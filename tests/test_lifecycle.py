@@ -472,3 +472,24 @@ def test_savepoint_and_compaction_of_an_empty_state(s3_store):
     assert scan_savepoint(s3_store, "empty") == {}
     assert life.compact("e", force=True).folded == ((0, 127, 2),)
     assert scan_checkpoint(s3_store, "e", 2) == {} and scan_checkpoint(s3_store, "e", 1) == {(OP_IDS["sink"], key): b"x"}
+
+
+def test_retention_removes_abandoned_incomplete_checkpoints_once_old(s3_store):
+    clock = Clock()
+    core = PoolCore(s3_store)
+    rng = random.Random(15)
+    epochs = [core.acquire_writer("j", kg)[0] for kg in HALVES]
+    model: Model = {}
+    commit(core, "j", 1, 0, HALVES[0], epochs[0], delta_for(rng, model, HALVES[0], 5, 1, op_rows=False))  # the other half never comes
+    for cid, parent in ((2, 0), (3, 2)):
+        for i, kg in enumerate(HALVES):
+            rows = delta_for(rng, model, kg, 5, cid, op_rows=False)
+            apply(model, rows)
+            commit(core, "j", cid, parent, kg, epochs[i], rows)
+    life = Lifecycle(s3_store, LifecycleConfig(retain_last=5, gc_min_age_s=60), clock=clock)
+    assert life.retain("j").deleted == ()  # young: it may still be in flight
+    clock.offset = 120
+    assert life.retain("j").deleted == (1,)
+    assert not list(s3_store.list("jobs/j/chk-1/"))
+    assert [c.checkpoint_id for c in core.list_checkpoints("j", include_incomplete=True)] == [2, 3]
+    assert scan_checkpoint(s3_store, "j", 3) == model
