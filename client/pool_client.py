@@ -13,6 +13,7 @@ import grpc
 from client.errors import RETRYABLE_CODES, ConflictError, InvalidArgumentError, UnavailableError, error_from_status
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
+from store.retry import full_jitter_backoff
 
 KeyGroups = tuple[int, int]
 
@@ -28,7 +29,7 @@ class RetryPolicy:
 
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Sleep before retry number ``attempt`` (0-based): uniform in [0, min(cap, base * mult**attempt)]."""
-        return rng.uniform(0.0, min(self.max_backoff_s, self.initial_backoff_s * self.multiplier**attempt))
+        return full_jitter_backoff(attempt, rng, self.initial_backoff_s, self.max_backoff_s, self.multiplier)
 
 
 @dataclass(frozen=True)

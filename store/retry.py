@@ -19,6 +19,11 @@ T = TypeVar("T")
 IMMUTABLE_KEY_PATTERN = r"(^|/)data/[^/]+\.arrow$"
 
 
+def full_jitter_backoff(attempt: int, rng: random.Random, initial_s: float, cap_s: float, multiplier: float) -> float:
+    """Seconds to sleep before retry number ``attempt`` (0-based): uniform in [0, min(cap, initial * multiplier**attempt)]."""
+    return rng.uniform(0.0, min(cap_s, initial_s * multiplier**attempt))
+
+
 @dataclass(frozen=True)
 class StoreRetryConfig:
     """How a RetryingStore retries UnavailableError: attempts per call and backoff uniform in [0, min(cap, base*mult**n)]."""
@@ -39,7 +44,7 @@ class StoreRetryConfig:
 
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Seconds to sleep before retry number ``attempt`` (0-based), full jitter."""
-        return rng.uniform(0.0, min(self.max_backoff_s, self.initial_backoff_s * self.multiplier**attempt))
+        return full_jitter_backoff(attempt, rng, self.initial_backoff_s, self.max_backoff_s, self.multiplier)
 
 
 class RetryingStore(ObjectStore):
