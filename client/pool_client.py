@@ -164,23 +164,26 @@ class PoolClient:
 
     def _call(self, what: str, fn: Callable[[], object], deadline_s: float | None = None) -> object:
         """Run an idempotent call, retrying retryable codes with full-jitter backoff; map failures to domain errors."""
-        policy = self.config.retry
         attempt = 0
         while True:
             self.calls += 1
             try:
                 return fn()
             except grpc.RpcError as exc:
-                code, details = exc.code(), exc.details()
-                if code in RETRYABLE_CODES and attempt + 1 < policy.max_attempts:
-                    self.retries += 1
-                    self.config.sleep(policy.backoff(attempt, self._rng))
-                    attempt += 1
-                    continue
-                err = error_from_status(code, details, what)
-                if code in RETRYABLE_CODES:
-                    err = type(err)(f"{err} (gave up after {attempt + 1} attempt(s))")
-                raise err from None
+                self._back_off_or_raise(exc.code(), exc.details(), what, attempt)
+                attempt += 1
+
+    def _back_off_or_raise(self, code: grpc.StatusCode, details: str, what: str, attempt: int) -> None:
+        """Sleep before the next try if ``code`` is retryable and attempts remain; otherwise raise the domain error."""
+        policy = self.config.retry
+        if code in RETRYABLE_CODES and attempt + 1 < policy.max_attempts:
+            self.retries += 1
+            self.config.sleep(policy.backoff(attempt, self._rng))
+            return
+        err = error_from_status(code, details, what)
+        if code in RETRYABLE_CODES:
+            err = type(err)(f"{err} (gave up after {attempt + 1} attempt(s))")
+        raise err from None
 
     def _deadline(self, deadline_s: float | None = None) -> float:
         return self.config.call_deadline_s if deadline_s is None else deadline_s
@@ -261,7 +264,6 @@ class PoolClient:
                 yield pb.CommitChunk(delta=bytes(view[start : start + step]))
 
         what = f"commit checkpoint {checkpoint_id} of job {job!r} key groups {key_groups[0]}-{key_groups[1]}"
-        policy = self.config.retry
         attempt = 0
         outcome_unknown = False
         while True:
@@ -276,16 +278,9 @@ class PoolClient:
                     if info is not None:
                         return CommitResult(info, 0, attempts=attempt + 1, recovered=True)
                     raise ConflictError(f"{what}: {details} (an earlier attempt failed, and the committed range is not this writer's)") from None
-                if code in RETRYABLE_CODES and attempt + 1 < policy.max_attempts:
-                    self.retries += 1
-                    outcome_unknown = True
-                    self.config.sleep(policy.backoff(attempt, self._rng))
-                    attempt += 1
-                    continue
-                err = error_from_status(code, details, what)
-                if code in RETRYABLE_CODES:
-                    err = type(err)(f"{err} (gave up after {attempt + 1} attempt(s))")
-                raise err from None
+                self._back_off_or_raise(code, details, what, attempt)
+                outcome_unknown = True
+                attempt += 1
 
     def _committed_by(self, job: str, checkpoint_id: int, key_groups: KeyGroups, epoch: int) -> CheckpointInfo | None:
         """The checkpoint if this exact range is committed in it by this epoch (manifest parts carry their epoch).
