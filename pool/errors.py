@@ -152,10 +152,24 @@ class StatusInterceptor(grpc.ServerInterceptor):
         return handler
 
     def _unary_unary(self, method: str, behavior: Callable) -> Callable:
+        return self._one_response(method, behavior, _decoded_one)
+
+    def _stream_unary(self, method: str, behavior: Callable) -> Callable:
+        return self._one_response(method, behavior, _decoded_stream)
+
+    def _unary_stream(self, method: str, behavior: Callable) -> Callable:
+        return self._streamed_response(method, behavior, _decoded_one)
+
+    def _stream_stream(self, method: str, behavior: Callable) -> Callable:
+        return self._streamed_response(method, behavior, _decoded_stream)
+
+    def _one_response(self, method: str, behavior: Callable, decode: Callable[[Any, _Call], Any]) -> Callable:
+        """A handler answering one message: ``decode`` checks the request (or request stream) before ``behavior`` sees it."""
+
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
             call = _Call(method, self.observer)
             try:
-                response = behavior(_decoded(request, method), context)
+                response = behavior(decode(request, call), context)
             except Exception as exc:
                 call.fail(exc, context)
                 raise
@@ -164,30 +178,12 @@ class StatusInterceptor(grpc.ServerInterceptor):
 
         return wrapped
 
-    def _stream_unary(self, method: str, behavior: Callable) -> Callable:
-        def wrapped(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
-            call = _Call(method, self.observer)
-            try:
-                response = behavior(_decoded_stream(request_iterator, call), context)
-            except Exception as exc:
-                call.fail(exc, context)
-                raise
-            call.finish(_current_code(context) or grpc.StatusCode.OK)
-            return response
+    def _streamed_response(self, method: str, behavior: Callable, decode: Callable[[Any, _Call], Any]) -> Callable:
+        """A handler answering with a stream: ``decode`` checks the request (or request stream) before ``behavior`` sees it."""
 
-        return wrapped
-
-    def _unary_stream(self, method: str, behavior: Callable) -> Callable:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             call = _Call(method, self.observer)
-            yield from _guarded_stream(lambda: behavior(_decoded(request, method), context), call, context)
-
-        return wrapped
-
-    def _stream_stream(self, method: str, behavior: Callable) -> Callable:
-        def wrapped(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-            call = _Call(method, self.observer)
-            yield from _guarded_stream(lambda: behavior(_decoded_stream(request_iterator, call), context), call, context)
+            yield from _guarded_stream(lambda: behavior(decode(request, call), context), call, context)
 
         return wrapped
 
@@ -232,6 +228,11 @@ def _counting_serializer(serialize: Callable[[Any], bytes] | None, method: str, 
         return raw
 
     return serialize_counted
+
+
+def _decoded_one(message: Any, call: _Call) -> Any:
+    """The single request message, checked to have parsed."""
+    return _decoded(message, call.method)
 
 
 def _decoded_stream(request_iterator: Iterator[Any], call: _Call) -> Iterator[Any]:
