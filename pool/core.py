@@ -11,7 +11,6 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
 
 from pool.domain import MAX_CHECKPOINT_ID, CheckpointInfo, CommitRequest, CommitResult, KeyGroupRange, PoolConfig
 from pool.writers import Fencing
@@ -137,17 +136,6 @@ def _incomplete_info(job: str, checkpoint_id: int, parts: list[Manifest]) -> Che
         operators=tuple(sorted(ops.items())),
         state_versions=_merge_versions(p.state_versions for p in parts),
     )
-
-
-def _stream_buffer(writer: SnapshotArrowWriter, batch: pa.RecordBatch) -> pa.Buffer:
-    """The writer's stream for one batch in one exactly sized buffer (measured first: no regrowth copies)."""
-    mock = pa.MockOutputStream()
-    with ipc.new_stream(mock, writer.schema) as out:
-        out.write_batch(batch)
-    buffer = pa.allocate_buffer(mock.size())
-    with ipc.new_stream(pa.FixedSizeBufferWriter(buffer), writer.schema) as out:
-        out.write_batch(batch)
-    return buffer
 
 
 class PoolCore:
@@ -483,7 +471,7 @@ class PoolCore:
         writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
         batch = writer.record_batch(table)
         del table  # the merged layers' rows are freed once the single batch holds them: peak ~3x the stream
-        buffer = _stream_buffer(writer, batch)
+        buffer = writer.batch_buffer(batch)
         del batch
         step = max(1, self.config.scan_chunk_bytes)
 

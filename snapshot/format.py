@@ -102,7 +102,10 @@ class SnapshotArrowWriter:
 
     def write_buffer(self, table: pa.Table) -> pa.Buffer:
         """The stream as a pyarrow Buffer (no extra copy)."""
-        batch = self.record_batch(table)
+        return self.batch_buffer(self.record_batch(table))
+
+    def batch_buffer(self, batch: pa.RecordBatch) -> pa.Buffer:
+        """The stream of one batch already shaped by record_batch, in one exactly sized pyarrow Buffer."""
         # measure first, then write into an exactly sized buffer: no regrowth copies of a large stream
         mock = pa.MockOutputStream()
         with ipc.new_stream(mock, self.schema) as writer:
