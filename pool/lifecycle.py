@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,6 +17,8 @@ from snapshot import NUM_KEY_GROUPS
 from snapshot.errors import ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError, PermissionDeniedError
 from store.checkpoint import CheckpointReader, SegmentCache
 from store.datafile import KIND_BASE, KIND_DELTA, DataFile, EncodedFile, encode_datafile, verify_file
+from store.local import _TMP_DIR as FILE_STORE_TMP_DIR
+from store.local import FileStore
 from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, job_prefix, metadata_key, parse_manifest, part_key
 from store.objects import ObjectInfo, ObjectStore
 
@@ -95,6 +98,8 @@ class GcResult:
     deleted_bytes: int = 0
     too_young: int = 0
     resumed: dict | None = None
+    # store-wide runs on a file:// store: writers' temp files past the minimum age (left by a killed process)
+    temp_files: int = 0
 
 
 def validate_name(name: object, what: str = "savepoint name", max_bytes: int = 128) -> str:
@@ -554,10 +559,14 @@ class Lifecycle:
                     continue
                 candidates.append(info)
         candidates.sort(key=lambda i: i.key)
+        stale_temps = [] if scope else self._stale_temp_files(now, min_age)
+        result.temp_files = len(stale_temps)
         if dry_run:
             result.deleted = [c.key for c in candidates]
             result.deleted_bytes = sum(c.size for c in candidates)
             return result
+        for path in stale_temps:
+            path.unlink(missing_ok=True)
         if candidates:
             plan = {"started_ms": now, "scope": result.scope, "planned": len(candidates)}
             self.store.put(marker_key, json.dumps(plan, sort_keys=True).encode())
@@ -572,6 +581,19 @@ class Lifecycle:
         for key in {marker_key, *markers} if candidates or markers else ():
             self.store.delete(key)
         return result
+
+    def _stale_temp_files(self, now_ms: int, min_age_ms: int) -> list[Path]:
+        """Temp files of a file:// store older than the minimum age: a process killed between write and rename left them."""
+        if not isinstance(self.store, FileStore):
+            return []
+        out = []
+        for path in (self.store.root / FILE_STORE_TMP_DIR).iterdir():
+            try:
+                if now_ms - int(path.stat().st_mtime * 1000) >= min_age_ms:
+                    out.append(path)
+            except FileNotFoundError:
+                continue  # renamed into place or removed meanwhile
+        return out
 
     def _job_references(self, job: str, layout: _JobLayout) -> set[str]:
         """Store keys of every data file a complete manifest or any staged part of the job names."""

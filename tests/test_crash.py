@@ -15,8 +15,10 @@ from client import RemoteReadBackend
 from client.backend import BackendConfig
 from client.errors import ClinkError
 from client.pool_client import PoolClient, PoolClientConfig, RetryPolicy
+from pool.lifecycle import Lifecycle, LifecycleConfig
 from pool.server import PoolServer, PoolServerConfig
 from store.local import FileStore
+from store.manifest import job_prefix, parse_manifest
 from tests.crash_fixtures import OP, REPO, Model, PoolProcess, apply, changelog, delta_rows, orphans, scan_model
 
 JOB = "crashy"
@@ -101,36 +103,65 @@ def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(
             thread = threading.Thread(target=run, daemon=True)
             thread.start()
             if iteration % 2:  # every other time, let one checkpoint land first (however slow the machine is), then kill
-                landed.wait(30)
+                assert landed.wait(60), "no checkpoint landed within 60 s of a restart"
             time.sleep(rng.uniform(0.02, 0.3))
-            kills_mid_commit += in_commit.is_set()
+            if iteration % 3 != 2:  # two kills in three wait (bounded) for a commit in flight; the third lands wherever it falls
+                assert in_commit.wait(30), "the committing thread never started a commit"
+            kills_mid_commit += in_commit.is_set() and not done.is_set()
             pool.kill9()
             assert done.wait(30), "the committing thread hung after the pool died"
             thread.join(5)
         finally:
             client.close()
             pool.kill9()
-    # a last restart: everything acknowledged is still there, every visible checkpoint scans to its model
+    # a last restart: everything acknowledged is still there, every visible checkpoint scans to its model; then GC
+    # (the real minimum age, with a clock two ages ahead) deletes exactly the orphans and every checkpoint still scans
+    tmp_dir = store.root / ".clink-tmp" if isinstance(store, FileStore) else None
+    temp_leftovers = len(list(tmp_dir.iterdir())) if tmp_dir else 0
     pool = PoolProcess(uri, extra, env)
     try:
         with PoolClient(pool.address, NO_RETRY) as client:
             client.wait_ready(10)
             complete = _verify(client, models, acked)
+            data_before = {o.key for o in store.list(job_prefix(JOB) + "data/")}
+            named = _named_by_manifests_and_parts(store, JOB)
+            config = LifecycleConfig()
+            lifecycle = Lifecycle(store, config, clock=lambda: time.time() + 2 * config.gc_min_age_s)
+            dry = lifecycle.gc(dry_run=True)
+            gc = lifecycle.gc()
+            data_after = {o.key for o in store.list(job_prefix(JOB) + "data/")}
+            assert _verify(client, models, acked) == complete  # every complete checkpoint scans to its model after GC
     finally:
         pool.kill9()
     elapsed = time.monotonic() - started
-    orphan_files, referenced = orphans(store, JOB)
-    temp_leftovers = len(list((store.root / ".clink-tmp").iterdir())) if isinstance(store, FileStore) else 0
+    orphan_files, referenced = orphans(store, JOB)  # relative to complete manifests only, before GC
+    orphan_keys = data_before - named
     print(f"\n[crash] {uri.split(':')[0]}: {iterations} kill -9 of the pool in {elapsed:.1f}s ({kills_mid_commit} while a commit was in flight); "
           f"{len(acked)} acknowledged and {len(complete)} complete checkpoints all scan to their models; "
-          f"{len(orphan_files)} orphan data files (no complete manifest names them), {len(referenced)} referenced, {temp_leftovers} temp files left")
+          f"{len(data_before)} data files after the kills: {len(orphan_keys)} orphans (no manifest or part names them), "
+          f"{len(named & data_before)} named; GC removed {len(orphan_keys & set(gc.deleted))} orphans "
+          f"and {gc.temp_files} of {temp_leftovers} temp files; {len(data_after)} data files left")
     assert len(acked) >= iterations // 2 and kills_mid_commit >= iterations // 3
-    assert set(complete) >= acked and elapsed < 60
-    # no GC exists yet: the orphan set is what GC must delete; none of it is named by a complete checkpoint
+    assert set(complete) >= acked and elapsed < 150  # bounded time, generous for a loaded 2-core box
     assert not orphan_files & referenced
-    for name in orphan_files:
-        assert name.startswith("data/") and name.endswith(".arrow")
+    assert sorted(dry.deleted) == gc.deleted  # the dry run listed exactly what the real run deleted
+    assert orphan_keys <= set(gc.deleted), f"GC left orphans {sorted(orphan_keys - set(gc.deleted))[:5]}"
+    assert {k for k in gc.deleted if k.startswith(job_prefix(JOB) + "data/")} == orphan_keys  # and no data file that is named
+    assert data_after == data_before & named, "a data file a manifest or part names was deleted"
+    for key in orphan_keys:
+        assert key.endswith(".arrow")
+    if tmp_dir is not None:
+        assert gc.temp_files == temp_leftovers and not list(tmp_dir.iterdir()), "GC left stale temp files"
 
+
+def _named_by_manifests_and_parts(store, job: str) -> set[str]:
+    """Store keys of the data files any _metadata or staged part of the job names."""
+    prefix = job_prefix(job)
+    named: set[str] = set()
+    for o in store.list(prefix):
+        if o.key.endswith("/_metadata") or ("/parts/" in o.key and o.key.endswith(".json")):
+            named |= {prefix + f.path for f in parse_manifest(store.get(o.key), o.key).files}
+    return named
 
 def _worker(address: str, job: str, rows: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tests.crash_fixtures", "worker", address, job, str(rows)], cwd=REPO,
