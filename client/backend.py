@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import snapshot
 from client.errors import ClinkError, FencedError, InvalidArgumentError, MissingOperatorsError, NotFoundError
 from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig, RetryPolicy
-from snapshot import NUM_KEY_GROUPS, StateVersionMap
+from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
 
 StateKey = tuple[int, bytes]  # (op_id, key_bytes)
 Layer = dict[StateKey, "bytes | None"]  # None marks an erase
@@ -74,9 +74,7 @@ def _check_range(key_groups: Sequence[int]) -> tuple[int, int]:
         lo, hi = (int(x) for x in key_groups)
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"key_groups must be a (lo, hi) pair, got {key_groups!r}") from None
-    if not 0 <= lo <= hi < NUM_KEY_GROUPS:
-        raise InvalidArgumentError(f"key-group range {lo}-{hi} must satisfy 0 <= lo <= hi <= {NUM_KEY_GROUPS - 1}")
-    return lo, hi
+    return check_key_group_range(lo, hi)
 
 
 def _check_op_id(op_id: int) -> int:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from snapshot import NUM_KEY_GROUPS
-from snapshot.errors import InvalidArgumentError
+from snapshot import NUM_KEY_GROUPS, check_key_group_range
 from store.datafile import DEFAULT_SEGMENT_TARGET_BYTES
 
 MAX_CHECKPOINT_ID = (1 << 63) - 1
@@ -31,9 +30,7 @@ class KeyGroupRange:
     hi: int
 
     def __post_init__(self) -> None:
-        lo, hi = self.lo, self.hi
-        if isinstance(lo, bool) or isinstance(hi, bool) or not isinstance(lo, int) or not isinstance(hi, int) or not 0 <= lo <= hi < NUM_KEY_GROUPS:
-            raise InvalidArgumentError(f"key-group range {lo}-{hi} must satisfy 0 <= lo <= hi <= {NUM_KEY_GROUPS - 1}")
+        check_key_group_range(self.lo, self.hi, refuse_bools=True)
 
     def overlaps(self, other: KeyGroupRange) -> bool:
         """Whether the two ranges share a key group."""

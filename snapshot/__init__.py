@@ -33,6 +33,7 @@ from snapshot.keys import (
     OPERATOR_STATE_PREFIX,
     RAW_SLOT,
     DecodedKey,
+    check_key_group_range,
     decode_key,
     encode_keyed_key,
     encode_operator_key,
@@ -101,5 +102,6 @@ __all__ = [
     "read_snapshot",
     "replay_changelog",
     "validate_slot",
+    "check_key_group_range",
     "write_snapshot",
 ]

@@ -39,6 +39,14 @@ def operator_id(uid: str) -> int:
     return int.from_bytes(hashlib.sha256(uid.encode("utf-8")).digest()[:8], "little")
 
 
+def check_key_group_range(lo: object, hi: object, refuse_bools: bool = False) -> tuple[int, int]:
+    """An inclusive key-group range (lo, hi) as given, or InvalidArgumentError unless they are ints with 0 <= lo <= hi <= 127."""
+    ints = isinstance(lo, int) and isinstance(hi, int) and not (refuse_bools and (isinstance(lo, bool) or isinstance(hi, bool)))
+    if not (ints and 0 <= lo <= hi < NUM_KEY_GROUPS):
+        raise InvalidArgumentError(f"key-group range {lo}-{hi} must satisfy 0 <= lo <= hi <= {NUM_KEY_GROUPS - 1}")
+    return lo, hi
+
+
 def validate_slot(slot: str) -> bytes:
     """Check a slot name at creation and return its UTF-8 bytes; '|' and newline are refused."""
     if not isinstance(slot, str):

@@ -18,7 +18,7 @@ from snapshot.format import (
     empty_table,
     read_snapshot,
 )
-from snapshot.keys import NUM_KEY_GROUPS, leading_bytes
+from snapshot.keys import NUM_KEY_GROUPS, check_key_group_range, leading_bytes
 
 _EMPTY_SEP = pa.scalar(b"", pa.binary())
 
@@ -120,14 +120,9 @@ def overlay(base: pa.Table, changelog: pa.Table) -> pa.Table:
     return pa.concat_tables([base.cast(CANONICAL_SCHEMA), puts.cast(CANONICAL_SCHEMA)])
 
 
-def _check_range(lo: int, hi: int) -> None:
-    if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi < NUM_KEY_GROUPS):
-        raise InvalidArgumentError(f"key-group range {lo}-{hi} must satisfy 0 <= lo <= hi <= {NUM_KEY_GROUPS - 1}")
-
-
 def key_group_mask(key_bytes: pa.Array | pa.ChunkedArray, lo: int, hi: int) -> np.ndarray:
     """Rows whose leading byte is in [lo, hi], plus every operator-state row (leading byte >= 128)."""
-    _check_range(lo, hi)
+    check_key_group_range(lo, hi)
     lead = leading_bytes(key_bytes)
     return (lead >= NUM_KEY_GROUPS) | ((lead >= lo) & (lead <= hi))
 
@@ -135,7 +130,7 @@ def key_group_mask(key_bytes: pa.Array | pa.ChunkedArray, lo: int, hi: int) -> n
 def filter_key_groups(table: pa.Table, lo: int, hi: int) -> pa.Table:
     """Keep keyed rows of key groups lo..hi (inclusive) and every operator-state row; a one-byte compare."""
     if table.num_rows == 0:
-        _check_range(lo, hi)
+        check_key_group_range(lo, hi)
         return table
     return table.filter(pa.array(key_group_mask(table.column("key_bytes"), lo, hi)))
 

@@ -19,6 +19,7 @@ from snapshot import (
     ROW_ERASE,
     ROW_MATERIALISATION,
     ROW_PUT,
+    check_key_group_range,
     composite_keys,
     empty_table,
     filter_key_groups,
@@ -98,9 +99,7 @@ def _check_range(key_groups: tuple[int, int] | None) -> tuple[int, int]:
     if key_groups is None:
         return 0, NUM_KEY_GROUPS - 1
     lo, hi = key_groups
-    if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi < NUM_KEY_GROUPS):
-        raise InvalidArgumentError(f"key-group range {lo}-{hi} must satisfy 0 <= lo <= hi <= {NUM_KEY_GROUPS - 1}")
-    return lo, hi
+    return check_key_group_range(lo, hi)
 
 
 def _as_puts(table: pa.Table) -> pa.Table:
