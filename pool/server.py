@@ -16,6 +16,7 @@ from pool.auth import AuthInterceptor, TlsConfig, TokenTable
 from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.errors import StatusInterceptor
+from pool.lifecycle import LifecycleConfig
 from pool.metrics import PoolMetrics
 from pool.servicer import SERVICE_NAME, RemotePoolServicer, add_to_server
 from snapshot.errors import InvalidArgumentError, UnavailableError
@@ -54,6 +55,8 @@ class PoolServerConfig:
     # None: grpc's defaults; past max_concurrent_rpcs new calls get RESOURCE_EXHAUSTED
     max_concurrent_rpcs: int | None = None
     max_concurrent_streams: int | None = None
+    # the lifecycle RPCs' thresholds (GC minimum age, compaction, retention)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -120,7 +123,7 @@ class PoolServer:
             + ([("grpc.max_concurrent_streams", self.config.max_concurrent_streams)] if self.config.max_concurrent_streams else []),
             maximum_concurrent_rpcs=self.config.max_concurrent_rpcs,
         )
-        add_to_server(RemotePoolServicer(self.core), server)
+        add_to_server(RemotePoolServicer(self.core, lifecycle_config=self.config.lifecycle), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
         try:

@@ -9,7 +9,7 @@ import numpy as np
 
 from pool.core import PoolCore
 from pool.domain import CheckpointInfo, CommitRequest, KeyGroupRange
-from pool.lifecycle import Lifecycle
+from pool.lifecycle import Lifecycle, LifecycleConfig
 from pool.streaming import length_delimited_field_1, stream_chunks
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
@@ -71,10 +71,11 @@ def _delta_chunks(chunks: Iterator[pb.CommitChunk]) -> Iterator[bytes]:
 class RemotePoolServicer(pb_grpc.RemotePoolServicer):
     """Converts each RPC to one PoolCore call; domain errors are mapped to status codes by pool.errors.StatusInterceptor."""
 
-    def __init__(self, core: PoolCore, lifecycle: Lifecycle | None = None) -> None:
+    def __init__(self, core: PoolCore, lifecycle: Lifecycle | None = None, lifecycle_config: LifecycleConfig | None = None) -> None:
         self.core = core
         # lifecycle RPCs share the core's cache; a compaction makes the core forget the replaced manifest
-        self.lifecycle = lifecycle or Lifecycle(core.store, cache=core.cache, on_manifest_replaced=lambda job, cid: core.reader(job).forget(cid))
+        self.lifecycle = lifecycle or Lifecycle(core.store, lifecycle_config, cache=core.cache,
+                                                on_manifest_replaced=lambda job, cid: core.reader(job).forget(cid))
 
     def AcquireWriter(self, request: pb.AcquireWriterRequest, context: grpc.ServicerContext) -> pb.AcquireWriterResponse:
         epoch, latest = self.core.acquire_writer(request.job, _required_range(request, "AcquireWriter"))
