@@ -92,6 +92,49 @@ class CommitResult:
     recovered: bool = False
 
 
+@dataclass(frozen=True)
+class SavepointInfo:
+    """A savepoint the pool wrote: savepoints/<name>/ in its store, one folded base file."""
+
+    name: str
+    checkpoint_id: int
+    files: int
+    bytes: int
+    rows: int
+    # store URI of the savepoint folder (open it with client.stored or `clink`)
+    location: str
+
+
+@dataclass(frozen=True)
+class PinInfo:
+    """A pin: the checkpoint it holds from retention and when it expires (ms since the epoch)."""
+
+    checkpoint_id: int
+    expires_at_ms: int
+
+
+@dataclass(frozen=True)
+class CompactionInfo:
+    """What a compaction folded: the parts' key-group ranges, and the base files it wrote."""
+
+    checkpoint_id: int
+    folded: tuple[KeyGroups, ...]
+    files_written: int
+    bytes_written: int
+
+
+@dataclass(frozen=True)
+class GcInfo:
+    """A GC run of one job: keys deleted (or, on a dry run, that would be), and what it saw."""
+
+    dry_run: bool
+    deleted: tuple[str, ...]
+    deleted_bytes: int
+    listed_objects: int
+    referenced: int
+    too_young: int
+
+
 def _range(kg: KeyGroups) -> pb.KeyGroupRange:
     return pb.KeyGroupRange(lo=int(kg[0]), hi=int(kg[1]))
 
@@ -369,3 +412,67 @@ class PoolClient:
             f"delete checkpoint {checkpoint_id} of job {job!r}",
             lambda: self._stub.DeleteCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
         )
+
+    # -- lifecycle (pool/lifecycle.py on the pool's store) -------------------------------------------
+
+    def savepoint(self, job: str, name: str, checkpoint_id: int = 0, deadline_s: float | None = None) -> SavepointInfo:
+        """Fold a checkpoint (0: newest complete) into savepoints/<name>/; ConflictError if the name is taken.
+
+        Not blindly repeated: the savepoint's manifest is put-if-absent, so a retry after UNAVAILABLE cannot overwrite
+        anything, and a conflict on such a retry is reported saying the earlier attempt may have written it.
+        """
+        req = pb.SavepointRequest(job=job, checkpoint_id=checkpoint_id, name=name)
+        what = f"savepoint {name!r} of job {job!r} checkpoint {checkpoint_id}"
+        attempt = 0
+        while True:
+            self.calls += 1
+            try:
+                resp = self._stub.Savepoint(req, timeout=deadline_s or self.config.commit_deadline_s, metadata=self._metadata)
+                return SavepointInfo(resp.name, resp.checkpoint_id, resp.files, resp.bytes, resp.rows, resp.location)
+            except grpc.RpcError as exc:
+                code, details = exc.code(), exc.details()
+                if attempt and code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.ABORTED):
+                    raise ConflictError(f"{what}: {details} (an earlier attempt failed with its outcome unknown: "
+                                        "the savepoint may be that attempt's)") from None
+                self._back_off_or_raise(code, details, what, attempt)
+                attempt += 1
+
+    def pin_checkpoint(self, job: str, holder: str, ttl_s: float, checkpoint_id: int = 0) -> PinInfo:
+        """Hold a checkpoint (0: newest complete) from retention for ttl_s; pinning again renews (safe to repeat)."""
+        req = pb.PinCheckpointRequest(job=job, checkpoint_id=checkpoint_id, holder=holder, ttl_seconds=ttl_s)
+        resp = self._call(
+            f"pin checkpoint {checkpoint_id} of job {job!r} for {holder!r}",
+            lambda: self._stub.PinCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
+        )
+        return PinInfo(resp.checkpoint_id, resp.expires_at_ms)
+
+    def unpin_checkpoint(self, job: str, checkpoint_id: int, holder: str) -> None:
+        """Remove holder's pin on a checkpoint (idempotent)."""
+        req = pb.UnpinCheckpointRequest(job=job, checkpoint_id=checkpoint_id, holder=holder)
+        self._call(
+            f"unpin checkpoint {checkpoint_id} of job {job!r} for {holder!r}",
+            lambda: self._stub.UnpinCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
+        )
+
+    def compact_checkpoint(self, job: str, checkpoint_id: int = 0, force: bool = False, deadline_s: float | None = None) -> CompactionInfo:
+        """Fold deep parts of a checkpoint (0: newest) into one base each; reads answer the same before and after.
+
+        Retried like a read: the manifest is replaced by compare-and-swap, so a repeat after a lost reply finds the
+        parts already folded (one layer each) and folds nothing; a concurrent change is ConflictError.
+        """
+        req = pb.CompactCheckpointRequest(job=job, checkpoint_id=checkpoint_id, force=force)
+        resp = self._call(
+            f"compact checkpoint {checkpoint_id} of job {job!r}",
+            lambda: self._stub.CompactCheckpoint(req, timeout=deadline_s or self.config.commit_deadline_s,
+                                                 metadata=self._metadata),
+        )
+        return CompactionInfo(resp.checkpoint_id, tuple((r.lo, r.hi) for r in resp.folded), resp.files_written, resp.bytes_written)
+
+    def collect_garbage(self, job: str, dry_run: bool = False, deadline_s: float | None = None) -> GcInfo:
+        """GC of one job's unreferenced data files older than the pool's minimum age (retried: recomputed each run)."""
+        req = pb.CollectGarbageRequest(job=job, dry_run=dry_run)
+        resp = self._call(
+            f"GC of job {job!r}",
+            lambda: self._stub.CollectGarbage(req, timeout=deadline_s or self.config.commit_deadline_s, metadata=self._metadata),
+        )
+        return GcInfo(dry_run, tuple(resp.deleted), resp.deleted_bytes, resp.listed_objects, resp.referenced, resp.too_young)
