@@ -5,11 +5,10 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
-import pyarrow as pa
-
 import snapshot as s
 from pool.core import PoolCore
 from pool.domain import CommitRequest, KeyGroupRange
+from tests.pool_server_fixtures import changelog_bytes as changelog  # a changelog-variant stream of rows, in order
 
 OPERATORS = ("source", "window", "sink")
 OP_IDS = {uid: s.operator_id(uid) for uid in OPERATORS}
@@ -17,20 +16,6 @@ OPERATOR_PAIRS = tuple((OP_IDS[u], u) for u in OPERATORS)
 
 Row = tuple[int, int, bytes, bytes]  # (row_kind, op_id, key_bytes, value_bytes)
 Model = dict[tuple[int, bytes], bytes]
-
-
-def changelog(rows: Iterable[Row]) -> bytes:
-    """A changelog-variant snapshot stream of these rows, in order."""
-    rows = list(rows)
-    table = pa.table(
-        {
-            "row_kind": pa.array([r[0] for r in rows], pa.uint8()),
-            "op_id": pa.array([r[1] for r in rows], pa.uint64()),
-            "key_bytes": pa.array([r[2] for r in rows], pa.binary()),
-            "value_bytes": pa.array([r[3] for r in rows], pa.binary()),
-        }
-    )
-    return s.write_snapshot(table, changelog=True)
 
 
 def apply(model: Model, rows: Iterable[Row]) -> None:
