@@ -226,10 +226,18 @@ def test_writes_during_an_upload_go_to_a_fresh_delta_and_are_kept(pool_address: 
 def test_unavailable_is_retried_until_a_late_pool_comes_up(pool_store) -> None:  # noqa: F811
     port = free_port()
     servers = []
-    timer = threading.Timer(0.6, lambda: servers.append(start_pool(pool_store, port)))
+    first_failure = threading.Event()  # the pool starts only once the client has failed and backs off: no race on wall time
+
+    def start_late() -> None:
+        if first_failure.wait(30):
+            servers.append(start_pool(pool_store, port))
+
+    timer = threading.Thread(target=start_late, daemon=True)
     timer.start()
     sleeps: list[float] = []
-    cfg = BackendConfig(retry=RetryPolicy(max_attempts=30, initial_backoff_s=0.05, max_backoff_s=0.3), sleep=lambda s: (sleeps.append(s), time.sleep(s)))
+    # a budget (~200 x up to 0.3 s) far above a pool start on a loaded box; bounded all the same
+    cfg = BackendConfig(retry=RetryPolicy(max_attempts=200, initial_backoff_s=0.05, max_backoff_s=0.3),
+                        sleep=lambda s: (sleeps.append(s), first_failure.set(), time.sleep(s)))
     try:
         b = RemoteReadBackend.connect(f"127.0.0.1:{port}", _job(), (0, 127), cfg)
         assert b.epoch >= 1 and b.pool.retries >= 1 and len(sleeps) == b.pool.retries
