@@ -42,8 +42,8 @@ def _deltas(seed: int, model: Model, step: int) -> list[list]:
     return out
 
 
-def _base_store(root: Path) -> tuple[Model, tuple[int, int], list[list]]:
-    """A store holding checkpoint 1 (two halves, complete); returns its model, the epochs and the deltas of checkpoint 2."""
+def _base_store(root: Path) -> tuple[dict[int, Model], tuple[int, int], list[list]]:
+    """A store holding checkpoint 1 (two halves, complete); returns the models of checkpoints 1 and 2, the epochs and the deltas of 2."""
     core = PoolCore(FileStore(root))
     epochs = tuple(core.acquire_writer(JOB, kg)[0] for kg in HALVES)
     model: Model = {}
@@ -51,7 +51,11 @@ def _base_store(root: Path) -> tuple[Model, tuple[int, int], list[list]]:
         commit(core, JOB, 1, 0, kg, epoch, rows)
         apply(model, rows)
     assert core.reader(JOB).latest() == 1
-    return model, epochs, _deltas(2, model, 2)
+    deltas = _deltas(2, model, 2)
+    model2 = dict(model)
+    for rows in deltas:
+        apply(model2, rows)
+    return {1: model, 2: model2}, epochs, deltas
 
 
 def _check_visible(root: Path, models: dict[int, Model]) -> int:
@@ -85,11 +89,7 @@ def _commit_two(core: PoolCore, epochs, deltas, root: Path, models: dict[int, Mo
 @pytest.mark.parametrize("kind", FAILING_KINDS)
 def test_a_fault_at_every_step_of_a_commit_exposes_nothing_half_written_and_the_retry_succeeds(tmp_path: Path, kind: str):
     base = tmp_path / "base"
-    model1, epochs, deltas = _base_store(base)
-    model2 = dict(model1)
-    for rows in deltas:
-        apply(model2, rows)
-    models = {1: model1, 2: model2}
+    models, epochs, deltas = _base_store(base)
 
     # a fault-free run counts the store calls of the two commits
     dry = tmp_path / "dry"
@@ -115,10 +115,7 @@ def test_a_fault_at_every_step_of_a_commit_exposes_nothing_half_written_and_the_
 @pytest.mark.parametrize("kind", KINDS)
 def test_retrying_store_absorbs_one_fault_at_every_step(tmp_path: Path, kind: str):
     base = tmp_path / "base"
-    model1, epochs, deltas = _base_store(base)
-    model2 = dict(model1)
-    for rows in deltas:
-        apply(model2, rows)
+    models, epochs, deltas = _base_store(base)
     steps = 0
     step = 0
     while True:
@@ -129,7 +126,7 @@ def test_retrying_store_absorbs_one_fault_at_every_step(tmp_path: Path, kind: st
         for kg, epoch, rows in zip(HALVES, epochs, deltas, strict=True):
             commit(core, JOB, 2, 1, kg, epoch, rows)  # never raises: every fault is retried or resolved
         TOTALS["commits"] += 2
-        assert _check_visible(root, {1: model1, 2: model2}) == 2
+        assert _check_visible(root, models) == 2
         shutil.rmtree(root)
         if not faulty.faults_injected:
             break  # the plan's step lies past the last call: every step has been covered
