@@ -6,7 +6,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from operator import itemgetter
 
 import numpy as np
@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 import snapshot
 from client.errors import ClinkError, FencedError, InvalidArgumentError, MissingOperatorsError, NotFoundError
-from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig, RetryPolicy
+from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
 
 StateKey = tuple[int, bytes]  # (op_id, key_bytes)
@@ -28,41 +28,16 @@ def _wall_clock_ms() -> int:
 
 
 @dataclass(frozen=True)
-class BackendConfig:
-    """Deadlines, retry policy, cache size, commit chunk size and the TTL clock of a RemoteReadBackend."""
+class BackendConfig(PoolClientConfig):
+    """A RemoteReadBackend's settings: those of its PoolClient (deadlines, retries, credentials) plus cache size and TTL clock."""
 
-    call_deadline_s: float = 10.0
-    commit_deadline_s: float = 120.0
-    scan_deadline_s: float = 300.0
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
     cache_bytes: int = 64 * 1024 * 1024
-    commit_chunk_bytes: int = 1024 * 1024
     # milliseconds since the epoch; TTL slots compare their expire-at prefix against it
     clock_ms: Callable[[], int] = _wall_clock_ms
-    token: str | None = None
-    tls_root_certificates: bytes | None = None
-    tls_server_name: str | None = None
-    tls_client_cert: bytes | None = None
-    tls_client_key: bytes | None = None
-    sleep: Callable[[float], None] = time.sleep
-    seed: int | None = None
 
     def pool_client_config(self) -> PoolClientConfig:
         """The PoolClientConfig these settings imply."""
-        return PoolClientConfig(
-            call_deadline_s=self.call_deadline_s,
-            commit_deadline_s=self.commit_deadline_s,
-            scan_deadline_s=self.scan_deadline_s,
-            retry=self.retry,
-            commit_chunk_bytes=self.commit_chunk_bytes,
-            token=self.token,
-            tls_root_certificates=self.tls_root_certificates,
-            tls_server_name=self.tls_server_name,
-            tls_client_cert=self.tls_client_cert,
-            tls_client_key=self.tls_client_key,
-            sleep=self.sleep,
-            seed=self.seed,
-        )
+        return PoolClientConfig(**{f.name: getattr(self, f.name) for f in fields(PoolClientConfig)})
 
 
 def _entry_bytes(key: StateKey, value: bytes | None) -> int:
