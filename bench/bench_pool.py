@@ -141,20 +141,21 @@ class EchoServer:
         self.server.stop(0).wait()
 
 
-def rss_bytes() -> int:
+def _proc_status_bytes(field: str) -> int:
+    """A kB figure of /proc/self/status (e.g. VmRSS, VmHWM) in bytes; 0 when the field is missing."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def rss_bytes() -> int:
+    return _proc_status_bytes("VmRSS")
 
 
 def peak_rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _proc_status_bytes("VmHWM")
 
 
 def reset_peak_rss() -> bool:
