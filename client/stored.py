@@ -2,70 +2,14 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
-
 import pyarrow.compute as pc
 
 from client.sources import Selection, SourceConfig, SourceRef, StateSource, apply_selection, open_source_store
-from snapshot import ClinkError, CorruptDataError, NotFoundError, PermissionDeniedError, StateVersionMap, UnsupportedFormatVersionError
+from snapshot import ClinkError, CorruptDataError, NotFoundError, StateVersionMap, UnsupportedFormatVersionError
 from snapshot.errors import ChecksumMismatchError, CorruptSnapshotError
 from snapshot.format import FORMAT_VERSION
-from store.objects import ObjectInfo, ObjectStore
-
-SAVEPOINT_MANIFEST = "_metadata"
-_CHECKPOINT_MANIFEST = re.compile(r"^chk-[0-9]+/_metadata$")
-
-
-class SavepointView(ObjectStore):
-    """savepoints/<name>/ seen as one checkpoint of its job: _metadata at jobs/<job>/chk-<N>/_metadata, data/... at jobs/<job>/data/...
-
-    A savepoint is a relocatable copy (manifest plus the files it names, paths relative to its folder), so the
-    checkpoint reader opens it unchanged through this read-only view.
-    """
-
-    def __init__(self, inner: ObjectStore, name: str, job: str, checkpoint_id: int) -> None:
-        self.inner = inner
-        self.base = f"savepoints/{name}/"
-        self.job_prefix = f"jobs/{job}/"
-        self.checkpoint_id = checkpoint_id
-        self.uri = f"{inner.uri.rstrip('/')}/savepoints/{name}"
-        self.counters = inner.counters
-        self.coalesce_gap_bytes = inner.coalesce_gap_bytes
-
-    def _key(self, key: str) -> str:
-        if not key.startswith(self.job_prefix):
-            raise NotFoundError(f"object {key} not found in {self.uri}")
-        rest = key[len(self.job_prefix) :]
-        return self.base + (SAVEPOINT_MANIFEST if _CHECKPOINT_MANIFEST.match(rest) else rest)
-
-    def get(self, key: str) -> bytes:
-        return self.inner.get(self._key(key))
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        return self.inner.get_range(self._key(key), start, length)
-
-    def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
-        return self.inner.get_ranges(self._key(key), ranges)
-
-    def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        return self.inner.get_with_etag(self._key(key))
-
-    def head(self, key: str) -> ObjectInfo:
-        return self.inner.head(self._key(key))
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        for info in self.inner.list(self.base):
-            rest = info.key[len(self.base) :]
-            rest = f"chk-{self.checkpoint_id}/_metadata" if rest == SAVEPOINT_MANIFEST else rest
-            key = self.job_prefix + rest
-            if key.startswith(prefix):
-                yield ObjectInfo(key, info.size, info.last_modified_ms, info.etag)
-
-    def _read_only(self, *_: object) -> str:
-        raise PermissionDeniedError(f"{self.uri} is opened read-only")
-
-    put = put_if_absent = compare_and_swap = delete = _read_only  # type: ignore[assignment]
+from store.objects import ObjectStore
+from store.views import SAVEPOINT_MANIFEST, SavepointView, savepoint_prefix
 
 
 def _open(ref: SourceRef, store: ObjectStore) -> tuple[ObjectStore, str, int]:
@@ -74,13 +18,13 @@ def _open(ref: SourceRef, store: ObjectStore) -> tuple[ObjectStore, str, int]:
         return store, ref.job, ref.checkpoint_id
     from store.manifest import parse_manifest
 
-    key = f"savepoints/{ref.savepoint}/{SAVEPOINT_MANIFEST}"
+    key = savepoint_prefix(ref.savepoint) + SAVEPOINT_MANIFEST
     try:
         data = store.get(key)
     except NotFoundError:
         raise NotFoundError(f"{ref.describe()}: no {SAVEPOINT_MANIFEST} at {store.uri}/{key}") from None
     manifest = parse_manifest(data, key)
-    return SavepointView(store, ref.savepoint, manifest.job, manifest.checkpoint_id), manifest.job, manifest.checkpoint_id
+    return SavepointView(store, savepoint_prefix(ref.savepoint), manifest.job, manifest.checkpoint_id), manifest.job, manifest.checkpoint_id
 
 
 def read_stored(ref: SourceRef, store, selection: Selection) -> StateSource:

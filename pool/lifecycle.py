@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,16 +14,15 @@ import pyarrow.compute as pc
 
 from pool.core import validate_job
 from snapshot import NUM_KEY_GROUPS
-from snapshot.errors import ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError, PermissionDeniedError
+from snapshot.errors import ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError
 from store.checkpoint import CheckpointReader, SegmentCache
 from store.datafile import KIND_BASE, KIND_DELTA, DataFile, EncodedFile, encode_datafile, verify_file
-from store.local import _TMP_DIR as FILE_STORE_TMP_DIR
+from store.local import TMP_DIR as FILE_STORE_TMP_DIR
 from store.local import FileStore
 from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, job_prefix, metadata_key, parse_manifest, part_key
 from store.objects import ObjectInfo, ObjectStore
+from store.views import SAVEPOINT_MANIFEST, SAVEPOINTS, SavepointView, savepoint_prefix
 
-SAVEPOINTS = "savepoints/"
-SAVEPOINT_MANIFEST = "_metadata"
 GC_MARKER = "gc/progress.json"
 JOB_GC_MARKER = "gc-progress.json"  # jobs/<job>/gc-progress.json: the marker of a run scoped to one job
 PIN_FORMAT = "clink.pin"
@@ -110,56 +109,6 @@ def validate_name(name: object, what: str = "savepoint name", max_bytes: int = 1
         raise InvalidArgumentError(str(exc).replace("job id", what)) from None
 
 
-class PrefixView(ObjectStore):
-    """A read-only view that shows ``base`` (a savepoint folder) as jobs/<job>/ with its _metadata as chk-<N>/_metadata."""
-
-    def __init__(self, inner: ObjectStore, base: str, job: str, checkpoint_id: int) -> None:
-        self.inner, self.base, self.job_prefix = inner, base, job_prefix(job)
-        self.meta = metadata_key(job, checkpoint_id)
-        self.uri = f"{inner.uri.rstrip('/')}/{base.rstrip('/')}"
-        self.counters = inner.counters
-        self.coalesce_gap_bytes = inner.coalesce_gap_bytes
-
-    def _key(self, key: str) -> str:
-        if key == self.meta:
-            return self.base + SAVEPOINT_MANIFEST
-        if not key.startswith(self.job_prefix):
-            raise NotFoundError(f"object {key} not found in {self.uri}")
-        return self.base + key[len(self.job_prefix) :]
-
-    def get(self, key: str) -> bytes:
-        return self.inner.get(self._key(key))
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        return self.inner.get_range(self._key(key), start, length)
-
-    def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
-        return self.inner.get_ranges(self._key(key), ranges)
-
-    def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        return self.inner.get_with_etag(self._key(key))
-
-    def head(self, key: str) -> ObjectInfo:
-        return self.inner.head(self._key(key))
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        for info in self.inner.list(self.base):
-            rest = info.key[len(self.base) :]
-            key = self.meta if rest == SAVEPOINT_MANIFEST else self.job_prefix + rest
-            if key.startswith(prefix):
-                yield ObjectInfo(key, info.size, info.last_modified_ms, info.etag)
-
-    def _read_only(self, *_: object) -> str:
-        raise PermissionDeniedError(f"{self.uri} is opened read-only")
-
-    put = put_if_absent = compare_and_swap = delete = _read_only  # type: ignore[assignment]
-
-
-def savepoint_prefix(name: str) -> str:
-    """Store folder of a savepoint (trailing '/')."""
-    return f"{SAVEPOINTS}{name}/"
-
-
 def _fold_target(table: pa.Table, kg_count: int) -> int:
     """Segment target for a folded file: about one segment per key group, never tiny segments."""
     if table.num_rows == 0:
@@ -226,7 +175,7 @@ class Lifecycle:
         except NotFoundError:
             raise NotFoundError(f"savepoint {name!r} not found (no {base}{SAVEPOINT_MANIFEST} in {store.uri})") from None
         manifest = parse_manifest(data, base + SAVEPOINT_MANIFEST)
-        reader = CheckpointReader(PrefixView(store, base, manifest.job, manifest.checkpoint_id), manifest.job, self.cache)
+        reader = CheckpointReader(SavepointView(store, base, manifest.job, manifest.checkpoint_id), manifest.job, self.cache)
         return reader, manifest, base
 
     def read_table(self, reader: CheckpointReader, manifest: Manifest, key_groups: tuple[int, int] | None = None) -> pa.Table:

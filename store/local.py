@@ -13,7 +13,7 @@ from pathlib import Path
 from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
 from store.objects import ObjectInfo, ObjectStore, StoreConfig, StoreCounters, validate_key, validate_prefix
 
-_TMP_DIR = ".clink-tmp"
+TMP_DIR = ".clink-tmp"
 _LOCK_FILE = ".clink-lock"
 
 
@@ -37,7 +37,7 @@ class FileStore(ObjectStore):
         config = config or StoreConfig()
         self.root = Path(root).expanduser().resolve()
         try:
-            (self.root / _TMP_DIR).mkdir(parents=True, exist_ok=True)
+            (self.root / TMP_DIR).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UnavailableError(f"cannot create store directory {self.root}: {exc}") from None
         self.uri = f"file://{self.root}"
@@ -105,7 +105,7 @@ class FileStore(ObjectStore):
         return ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000, _etag(st))
 
     def _write_temp(self, key: str, data: bytes) -> tuple[Path, str]:
-        tmp = self.root / _TMP_DIR / f"{uuid.uuid4().hex}"
+        tmp = self.root / TMP_DIR / f"{uuid.uuid4().hex}"
         try:
             with open(tmp, "xb") as fh:
                 fh.write(data)
