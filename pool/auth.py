@@ -191,6 +191,11 @@ def bearer_token(value: str | None) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+def _call_token(details: grpc.HandlerCallDetails) -> str | None:
+    token = bearer_token(next((v for k, v in details.invocation_metadata or () if k == "authorization"), None))
+    return token.decode("utf-8", "replace") if isinstance(token, bytes) else token
+
+
 def _header_job(request_iterator: Iterator[pb.CommitChunk]) -> tuple[str, Iterator[pb.CommitChunk]]:
     first = next(request_iterator, None)
     job = first.header.job if first is not None and first.WhichOneof("part") == "header" else ""
@@ -227,20 +232,25 @@ class AuthInterceptor(grpc.ServerInterceptor):
     """Checks 'authorization: Bearer <token>' on every call but health checks; RemotePool calls also need the job's scope.
 
     Place it after pool.errors.StatusInterceptor: the errors it raises inside the handler are mapped by that one table
-    (UnauthenticatedError -> UNAUTHENTICATED, PermissionDeniedError -> PERMISSION_DENIED).
+    (UnauthenticatedError -> UNAUTHENTICATED, PermissionDeniedError -> PERMISSION_DENIED). Give that interceptor
+    ``admit=auth.authenticate`` too, so a missing or unknown token is refused before the request is decoded.
     """
 
     def __init__(self, tokens: TokenTable, open_methods: frozenset[str] = OPEN_METHODS) -> None:
         self.tokens = tokens
         self.open_methods = open_methods
 
+    def authenticate(self, details: grpc.HandlerCallDetails) -> TokenGrant | None:
+        """The grant of the call's token (None for open methods); UnauthenticatedError for a missing or unknown token."""
+        if details.method in self.open_methods:
+            return None
+        return self.tokens.grant_for(_call_token(details))
+
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
         if handler is None or details.method in self.open_methods:
             return handler
-        token = bearer_token(next((v for k, v in details.invocation_metadata or () if k == "authorization"), None))
-        if isinstance(token, bytes):
-            token = token.decode("utf-8", "replace")
+        token = _call_token(details)
         method = details.method[len(REMOTE_POOL_PREFIX):] if details.method.startswith(REMOTE_POOL_PREFIX) else None
         mode = METHOD_ACCESS.get(method or "")
         tokens = self.tokens

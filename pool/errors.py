@@ -123,10 +123,15 @@ def _current_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
 
 
 class StatusInterceptor(grpc.ServerInterceptor):
-    """Wraps every handler: domain errors become status codes via STATUS_BY_ERROR, and each RPC is reported to an observer."""
+    """Wraps every handler: domain errors become status codes via STATUS_BY_ERROR, and each RPC is reported to an observer.
 
-    def __init__(self, observer: RpcObserver | None = None) -> None:
+    ``admit`` (e.g. pool.auth.AuthInterceptor.authenticate) runs first on every call, before the request is decoded,
+    so a caller it refuses learns nothing about its request; its errors go through the same table.
+    """
+
+    def __init__(self, observer: RpcObserver | None = None, admit: Callable[[grpc.HandlerCallDetails], Any] | None = None) -> None:
         self.observer = observer
+        self.admit = admit
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any], handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(handler_call_details)
@@ -141,30 +146,29 @@ class StatusInterceptor(grpc.ServerInterceptor):
                 request_deserializer=_counting_deserializer(handler.request_deserializer, method, self.observer),
                 response_serializer=_counting_serializer(handler.response_serializer, method, self.observer),
             )
+        admit = self.admit
+        if admit is None:
+            decode_one, decode_stream = _decoded_one, _decoded_stream
+        else:
+            def decode_one(message: Any, call: _Call) -> Any:
+                admit(handler_call_details)
+                return _decoded_one(message, call)
+
+            def decode_stream(request_iterator: Iterator[Any], call: _Call) -> Iterator[Any]:
+                admit(handler_call_details)
+                return _decoded_stream(request_iterator, call)
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=self._unary_unary(method, handler.unary_unary))
+            return handler._replace(unary_unary=self._one_response(method, handler.unary_unary, decode_one))
         if handler.stream_unary is not None:
-            return handler._replace(stream_unary=self._stream_unary(method, handler.stream_unary))
+            return handler._replace(stream_unary=self._one_response(method, handler.stream_unary, decode_stream))
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=self._unary_stream(method, handler.unary_stream))
+            return handler._replace(unary_stream=self._streamed_response(method, handler.unary_stream, decode_one))
         if handler.stream_stream is not None:
-            return handler._replace(stream_stream=self._stream_stream(method, handler.stream_stream))
+            return handler._replace(stream_stream=self._streamed_response(method, handler.stream_stream, decode_stream))
         return handler
 
-    def _unary_unary(self, method: str, behavior: Callable) -> Callable:
-        return self._one_response(method, behavior, _decoded_one)
-
-    def _stream_unary(self, method: str, behavior: Callable) -> Callable:
-        return self._one_response(method, behavior, _decoded_stream)
-
-    def _unary_stream(self, method: str, behavior: Callable) -> Callable:
-        return self._streamed_response(method, behavior, _decoded_one)
-
-    def _stream_stream(self, method: str, behavior: Callable) -> Callable:
-        return self._streamed_response(method, behavior, _decoded_stream)
-
     def _one_response(self, method: str, behavior: Callable, decode: Callable[[Any, _Call], Any]) -> Callable:
-        """A handler answering one message: ``decode`` checks the request (or request stream) before ``behavior`` sees it."""
+        """A handler answering one message: ``decode`` admits the caller and checks the request before ``behavior`` sees it."""
 
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
             call = _Call(method, self.observer)
@@ -179,7 +183,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
         return wrapped
 
     def _streamed_response(self, method: str, behavior: Callable, decode: Callable[[Any, _Call], Any]) -> Callable:
-        """A handler answering with a stream: ``decode`` checks the request (or request stream) before ``behavior`` sees it."""
+        """A handler answering with a stream: ``decode`` admits the caller and checks the request before ``behavior`` sees it."""
 
         def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             call = _Call(method, self.observer)

@@ -116,9 +116,12 @@ class PoolServer:
 
     def start(self) -> PoolServer:
         """Bind, register the services and start serving; UnavailableError if the address cannot be bound."""
+        # the token is checked before the request is decoded, so an unauthenticated caller learns nothing about it
+        auth = AuthInterceptor(self.config.tokens) if self.config.tokens else None
+        interceptors = [StatusInterceptor(self.metrics, admit=auth.authenticate), auth] if auth else [StatusInterceptor(self.metrics)]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="pool-rpc"),
-            interceptors=[StatusInterceptor(self.metrics), *([AuthInterceptor(self.config.tokens)] if self.config.tokens else [])],
+            interceptors=interceptors,
             options=grpc_options(self.config.max_message_bytes)
             + ([("grpc.max_concurrent_streams", self.config.max_concurrent_streams)] if self.config.max_concurrent_streams else []),
             maximum_concurrent_rpcs=self.config.max_concurrent_rpcs,

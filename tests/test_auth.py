@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pyarrow.ipc as ipc
 import pytest
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import snapshot
@@ -327,3 +328,26 @@ def test_max_concurrent_streams_bounds_one_connection_not_the_server(tmp_path):
         busy.close()
         other.close()
         server.stop(0)
+
+
+def test_garbled_requests_are_refused_unauthenticated_before_they_are_decoded(secured, pki):
+    garbled = b"\x0a\xff\x01trunc"  # field 1, length 255, then 6 bytes: not a protobuf message
+    with pytest.raises(DecodeError):
+        pb.GetRequest.FromString(garbled)
+    channel = grpc.secure_channel(secured.address, grpc.ssl_channel_credentials(pki.ca_pem))
+    try:
+        for method, kind in (("Get", channel.unary_unary), ("ListJobs", channel.unary_unary), ("ScanCheckpoint", channel.unary_stream)):
+            call = kind(f"/clink.remote_state.v1.RemotePool/{method}")
+            for metadata, expected in (((), grpc.StatusCode.UNAUTHENTICATED),
+                                       ((("authorization", "Bearer tok-nope"),), grpc.StatusCode.UNAUTHENTICATED),
+                                       ((("authorization", "Bearer tok-a-rw"),), grpc.StatusCode.INVALID_ARGUMENT)):
+                with pytest.raises(grpc.RpcError) as info:
+                    result = call(garbled, metadata=metadata, timeout=5)
+                    list(result) if kind == channel.unary_stream else result
+                assert info.value.code() == expected, (method, metadata)
+                if expected is grpc.StatusCode.UNAUTHENTICATED:
+                    assert "protobuf" not in (info.value.details() or "")
+                else:
+                    assert "not a valid protobuf message" in info.value.details()
+    finally:
+        channel.close()
