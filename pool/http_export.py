@@ -200,12 +200,13 @@ class HttpExport:
     thread: threading.Thread
     host: str
     port: int
+    tls: bool = False
 
     @property
     def url(self) -> str:
-        """Base URL, e.g. http://127.0.0.1:8080."""
+        """Base URL, e.g. http://127.0.0.1:8080, or https://... when the export serves TLS."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def stop(self) -> None:
         """Stop accepting, close the socket and join the serving thread."""
@@ -227,6 +228,6 @@ def start_http_export(core: PoolCore, host: str = "127.0.0.1", port: int = 0, tl
     server.tokens = tokens
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="pool-http-export", daemon=True)
     thread.start()
-    bound = server.server_address[1]
-    log.info("HTTP export on http://%s:%d/jobs/JOB/state.arrow", host, bound)
-    return HttpExport(server, thread, host, bound)
+    export = HttpExport(server, thread, host, server.server_address[1], tls=tls is not None)
+    log.info("HTTP export on %s/jobs/JOB/state.arrow", export.url)
+    return export

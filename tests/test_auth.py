@@ -26,6 +26,9 @@ from client.backend import BackendConfig
 from client.errors import PermissionDeniedError, UnauthenticatedError, UnavailableError
 from client.pool_client import PoolClient, PoolClientConfig, RetryPolicy
 from pool.auth import TokenTable, bearer_token
+from pool.core import PoolCore
+from pool.domain import PoolConfig
+from pool.http_export import start_http_export
 from pool.server import PoolServer, PoolServerConfig
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
@@ -351,3 +354,18 @@ def test_garbled_requests_are_refused_unauthenticated_before_they_are_decoded(se
                     assert "not a valid protobuf message" in info.value.details()
     finally:
         channel.close()
+
+
+def test_http_export_url_names_https_when_it_serves_tls(tmp_path, pki):
+    core = PoolCore(FileStore(tmp_path / "store"), PoolConfig())
+    for tls, scheme in ((pki.server_tls(), "https"), (None, "http")):
+        export = start_http_export(core, "127.0.0.1", 0, tls=tls)
+        try:
+            assert export.url == f"{scheme}://127.0.0.1:{export.port}"
+            if tls is not None:
+                assert _https(f"{export.url}/healthz", pki, None) == (200, b"ok\n")  # the advertised URL is the one that answers
+            else:
+                with urllib.request.urlopen(f"{export.url}/healthz", timeout=10) as response:
+                    assert response.read() == b"ok\n"
+        finally:
+            export.stop()
