@@ -13,7 +13,18 @@ from client.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig, RetryPolicy, WriterLease
+from client.pool_client import (
+    CheckpointInfo,
+    CommitResult,
+    CompactionInfo,
+    GcInfo,
+    PinInfo,
+    PoolClient,
+    PoolClientConfig,
+    RetryPolicy,
+    SavepointInfo,
+    WriterLease,
+)
 from client.typed import KeyedInt64State, KeyedState, OperatorInt64State, OperatorState, TtlState, decode_int64, encode_int64
 
 __all__ = [
@@ -21,9 +32,11 @@ __all__ = [
     "CheckpointInfo",
     "ClinkError",
     "CommitResult",
+    "CompactionInfo",
     "ConflictError",
     "CorruptDataError",
     "FencedError",
+    "GcInfo",
     "InvalidArgumentError",
     "KeyedInt64State",
     "KeyedState",
@@ -32,10 +45,12 @@ __all__ = [
     "OperatorInt64State",
     "OperatorState",
     "PermissionDeniedError",
+    "PinInfo",
     "PoolClient",
     "PoolClientConfig",
     "RemoteReadBackend",
     "RetryPolicy",
+    "SavepointInfo",
     "TtlState",
     "UnauthenticatedError",
     "UnavailableError",

@@ -256,3 +256,13 @@ def test_token_is_sent_as_bearer_metadata_and_unauthenticated_maps_to_its_error(
         assert seen == ["Bearer good", "Bearer bad", None]  # UNAUTHENTICATED is not retried
     finally:
         server.stop(0)
+
+
+def test_the_package_exports_the_lifecycle_results_of_the_pool_client():
+    import client
+    from client import pool_client
+
+    for name in ("SavepointInfo", "PinInfo", "CompactionInfo", "GcInfo", "CheckpointInfo", "CommitResult"):
+        assert name in client.__all__
+        assert getattr(client, name) is getattr(pool_client, name)
+    assert all(hasattr(client, name) for name in client.__all__)
