@@ -136,19 +136,28 @@ def cli() -> None:
                    "Health checks stay open. Env: CLINK_POOL_TOKEN_FILE.")
 @click.option("--max-concurrent-rpcs", type=click.IntRange(1), default=None, help="Calls in flight at once; more get RESOURCE_EXHAUSTED. Default: unbounded.")
 @click.option("--max-concurrent-streams", type=click.IntRange(1), default=None, help="HTTP/2 streams per client connection. Default: grpc's.")
+@click.option("--gc-min-age-s", type=click.FloatRange(0), default=None,
+              help="CollectGarbage deletes only unreferenced files older than this many seconds, so commits in flight are safe. "
+                   "Default: 3600 (LifecycleConfig.gc_min_age_s).")
+@click.option("--compact-max-layers", type=click.IntRange(1), default=None,
+              help="CompactCheckpoint (without force) folds a part with more layers than this. Default: 8 (LifecycleConfig.compact_max_layers).")
+@click.option("--compact-max-delta-mb", type=click.IntRange(0), default=None,
+              help="CompactCheckpoint (without force) folds a part whose deltas hold more MiB than this. Default: 256 (LifecycleConfig.compact_max_delta_bytes).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Format of the ready line (stdout) and of the logs (stderr).")
 def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: str, http_port: int | None, s3_endpoint_url: str | None, s3_region: str | None,
           create_bucket: bool, cache_mb: int, max_workers: int, max_message_mb: int, grace: float, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, token_file: str | None, max_concurrent_rpcs: int | None, max_concurrent_streams: int | None,
-          log_level: str, output: str) -> None:
+          gc_min_age_s: float | None, compact_max_layers: int | None, compact_max_delta_mb: int | None, log_level: str, output: str) -> None:
     """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
 
     Once listening it prints one ready line on stdout naming the bound address
     (with --output json: {"event": "serving", "address": ..., "port": ..., "metrics_port": ...}).
     S3 credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when set, otherwise from
     boto3's default chain (profile, instance role).
+    The --gc-min-age-s and --compact-max-* flags set what the CollectGarbage and CompactCheckpoint RPCs use;
+    retention (keep the newest K checkpoints) is not an RPC: run `clink-pool gc --keep-last K` on the store.
     """
     setup_logging(log_level, output)
     # imported here so `clink-pool --help` stays fast and works without the server's dependencies loaded
@@ -189,6 +198,7 @@ def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: s
             tokens=TokenTable.from_file(token_file) if token_file else None,
             max_concurrent_rpcs=max_concurrent_rpcs,
             max_concurrent_streams=max_concurrent_streams,
+            lifecycle=lifecycle_config(gc_min_age_s, compact_max_layers, compact_max_delta_mb),
         )
         server = PoolServer(config)
         if create_bucket:
@@ -212,6 +222,15 @@ def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: s
     while not server.wait(timeout=1.0):
         pass
     logging.getLogger("clink.pool").info("exiting after %.0fs", time.monotonic() - started)
+
+
+def lifecycle_config(gc_min_age_s: float | None = None, compact_max_layers: int | None = None, compact_max_delta_mb: int | None = None):
+    """The server's LifecycleConfig from the serve flags; a flag left out keeps the dataclass default."""
+    from pool.lifecycle import LifecycleConfig
+
+    given = {"gc_min_age_s": gc_min_age_s, "compact_max_layers": compact_max_layers,
+             "compact_max_delta_bytes": None if compact_max_delta_mb is None else compact_max_delta_mb << 20}
+    return LifecycleConfig(**{name: value for name, value in given.items() if value is not None})
 
 
 def main() -> None:
