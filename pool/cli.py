@@ -214,8 +214,9 @@ def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: s
         click.echo(json.dumps({"event": "serving", "address": server.address, "port": server.port,
                                "metrics_port": server.metrics_port, "http_port": server.http_port, "store": server.store.uri}))
     else:
-        metrics = f", metrics http://{metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
-        metrics += f", state export http://{metrics_host}:{server.http_port}/jobs/JOB/state.arrow" if server.http_port else ""
+        scheme = "https" if config.tls else "http"  # TLS covers the metrics and export ports too
+        metrics = f", metrics {scheme}://{metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
+        metrics += f", state export {scheme}://{metrics_host}:{server.http_port}/jobs/JOB/state.arrow" if server.http_port else ""
         click.echo(f"clink-pool: serving on {server.address} (store {server.store.uri}{metrics})")
     sys.stdout.flush()
     started = time.monotonic()

@@ -369,3 +369,19 @@ def test_http_export_url_names_https_when_it_serves_tls(tmp_path, pki):
                     assert response.read() == b"ok\n"
         finally:
             export.stop()
+
+
+def test_clink_pool_serve_ready_line_names_https_urls_under_tls(tmp_path, pki):
+    paths = pki.write(tmp_path / "pki")
+    cmd = [sys.executable, "-m", "pool.cli", "serve", "--store", f"file://{tmp_path / 'store'}", "--listen", "127.0.0.1:0",
+           "--metrics-port", "0", "--http-port", "0", "--tls-cert", str(paths["server_cert_pem"]), "--tls-key", str(paths["server_key_pem"]),
+           "--log-level", "warning", "--grace", "0"]
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        ready = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert ready.startswith("clink-pool: serving on 127.0.0.1:"), ready
+    assert "metrics https://127.0.0.1:" in ready and "state export https://127.0.0.1:" in ready and "http://" not in ready
