@@ -286,12 +286,12 @@ def main() -> None:
     pool_rate, echo_rate = sorted(rounds, key=lambda r: r[0] / r[1])[len(rounds) // 2]
     results["MultiGet / raw echo"] = pool_rate / echo_rate
     # the gRPC face's own ceiling: the same RPC with the core's answer precomputed (servicer + interceptor + protobuf only)
-    canned = (list(response.found), list(response.values), response.checkpoint_id)
-    real_multi_get = server.core.multi_get
-    server.core.multi_get = lambda *_a, **_k: canned  # type: ignore[method-assign]
+    canned = (np.array(response.found, dtype=bool), pa.array(list(response.values), pa.binary()), response.checkpoint_id)
+    real_multi_get = server.core.multi_get_arrays
+    server.core.multi_get_arrays = lambda *_a, **_k: canned  # type: ignore[method-assign]
     face_rate = rate(lambda: stub.MultiGet(request, timeout=60), args.seconds)
-    server.core.multi_get = real_multi_get  # type: ignore[method-assign]
-    core_seconds = min(timed(lambda: real_multi_get(job, last_cid, request.op_ids, request.keys))[0] for _ in range(5))
+    server.core.multi_get_arrays = real_multi_get  # type: ignore[method-assign]
+    core_seconds = min(timed(lambda: real_multi_get(job, last_cid, np.array(request.op_ids, np.uint64), list(request.keys)))[0] for _ in range(20))
     print(f"  MultiGet {args.keys} keys: {pool_rate:.0f} calls/s = {pool_rate * args.keys:,.0f} keys/s; raw echo of the same "
           f"{len(request_bytes):,} B in / {response.ByteSize():,} B out: {echo_rate:.0f} calls/s")
     print(f"    where the time goes: gRPC face alone (core answer canned) {face_rate:.0f} calls/s = {face_rate / echo_rate:.2f} of echo; "

@@ -425,6 +425,11 @@ class PoolCore:
 
     def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes]) -> tuple[list[bool], list[bytes], int]:
         """Point reads, batched per data file and segment: (found flags, values, checkpoint id answered)."""
+        found, values, cid = self.multi_get_arrays(job, checkpoint_id, op_ids, keys)
+        return found.tolist(), values.to_pylist(), cid
+
+    def multi_get_arrays(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes]) -> tuple[np.ndarray, pa.Array, int]:
+        """Point reads like multi_get, with the answers as arrays (found mask, binary values, b"" where not found), for encoding in bulk."""
         job = self._job(job)
         if len(op_ids) != len(keys):
             raise InvalidArgumentError(f"{len(op_ids)} op_ids for {len(keys)} keys; they must pair up")
@@ -436,8 +441,8 @@ class PoolCore:
         if key_array.null_count:
             raise InvalidArgumentError("keys must be bytes, not None")
         manifest = self._resolve(job, checkpoint_id)
-        found, values = self.reader(job).lookup(manifest, ops, key_array)
-        return found.tolist(), values, manifest.checkpoint_id
+        found, values = self.reader(job).lookup_values(manifest, ops, key_array)
+        return found, values, manifest.checkpoint_id
 
     def scan_table(self, job: str, checkpoint_id: int, key_groups: KeyGroupRange | None, op_ids: Sequence[int], delta: bytes | None) -> tuple[pa.Table, Manifest]:
         """The canonical table a scan streams (layers merged, optional changelog delta overlaid, optional op_ids filter)."""

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import grpc
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pool.core import PoolCore
 from pool.domain import CheckpointInfo, CommitRequest, KeyGroupRange
@@ -93,13 +95,14 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         found, value, checkpoint_id = self.core.get(request.job, request.checkpoint_id, request.op_id, request.key_bytes)
         return pb.GetResponse(found=found, value=value, checkpoint_id=checkpoint_id)
 
-    def MultiGet(self, request: pb.MultiGetRequest, context: grpc.ServicerContext) -> pb.MultiGetResponse:
+    def MultiGet(self, request: pb.MultiGetRequest, context: grpc.ServicerContext) -> bytes:
         keys = list(request.keys)
         op_ids = np.array(request.op_ids, dtype=np.uint64)  # one C-level conversion, no Python int per key
         if len(op_ids) == 1 and len(keys) > 1:
             op_ids = np.full(len(keys), op_ids[0], dtype=np.uint64)  # the proto allows one op_id shared by every key
-        found, values, checkpoint_id = self.core.multi_get(request.job, request.checkpoint_id, op_ids, keys)
-        return pb.MultiGetResponse(found=found, values=values, checkpoint_id=checkpoint_id)
+        found, values, checkpoint_id = self.core.multi_get_arrays(request.job, request.checkpoint_id, op_ids, keys)
+        # encoded from the arrays in bulk (see encode_multi_get_response): no Python bytes object per value
+        return encode_multi_get_response(found, values, checkpoint_id)
 
     def ScanCheckpoint(self, request: pb.ScanCheckpointRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         key_groups = _range(request.key_groups) if request.HasField("key_groups") else None
@@ -154,6 +157,70 @@ def _encoded(message: bytes) -> bytes:
     return message
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_VALUES_TAG = 0x12  # field 2 (values), wire type 2 (length-delimited)
+_MAX_RUNS = 16  # runs of equal value width encoded one 2-D block each; more go through one Arrow join
+
+
+def encode_multi_get_response(found: np.ndarray, values: pa.Array, checkpoint_id: int) -> bytes:
+    """The wire bytes of MultiGetResponse(found, values, checkpoint_id), built with numpy from the arrays.
+
+    Byte for byte what protobuf writes (fields in number order, found packed), without a bytes object per value.
+    """
+    n = len(values)
+    if len(found) != n:
+        raise ValueError(f"{len(found)} found flags for {n} values")
+    head = [b"\x0a" + _varint(n) + np.asarray(found, dtype=bool).astype(np.uint8).tobytes()] if n else []
+    tail = b"\x18" + _varint(checkpoint_id) if checkpoint_id else b""
+    if not n:
+        return b"".join(head) + tail
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=n + 1, offset=values.offset * 4)
+    raw = values.buffers()[2]
+    data = np.frombuffer(raw, dtype=np.uint8)[offsets[0] : offsets[-1]] if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
+    lens = np.diff(offsets)
+    cuts = np.flatnonzero(lens[1:] != lens[:-1]) + 1
+    if cuts.size <= _MAX_RUNS:  # a few runs of equal width (e.g. fixed-size values and some misses): strided 2-D copies
+        pieces = head[:]
+        bounds = [0, *cuts.tolist(), n]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            width = int(lens[a])
+            prefix = np.frombuffer(bytes([_VALUES_TAG]) + _varint(width), dtype=np.uint8)
+            block = np.empty((b - a, prefix.size + width), dtype=np.uint8)
+            block[:, : prefix.size] = prefix
+            base = int(offsets[a] - offsets[0])
+            block[:, prefix.size :] = data[base : base + (b - a) * width].reshape(b - a, width)
+            pieces.append(block.tobytes())
+        pieces.append(tail)
+        return b"".join(pieces)
+    # mixed widths: one (tag, length varint) header per value, joined to the values by Arrow's element-wise concatenation
+    lens = lens.astype(np.int64)
+    varint_bytes = 1 + (lens >= 1 << 7).astype(np.int64) + (lens >= 1 << 14) + (lens >= 1 << 21) + (lens >= 1 << 28)
+    header_offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(1 + varint_bytes, out=header_offsets[1:])
+    starts = header_offsets[:-1]
+    headers = np.empty(int(header_offsets[-1]), dtype=np.uint8)
+    headers[starts] = _VALUES_TAG
+    for k in range(5):  # the k-th byte of every length's varint
+        sel = np.flatnonzero(varint_bytes > k)
+        if not sel.size:
+            break
+        more = np.where(varint_bytes[sel] > k + 1, 0x80, 0)
+        headers[starts[sel] + 1 + k] = ((lens[sel] >> (7 * k)) & 0x7F) | more
+    header_array = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(header_offsets), pa.py_buffer(headers)])
+    joined = pc.binary_join_element_wise(header_array, values, b"")
+    joined_offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=n + 1, offset=joined.offset * 4)
+    out = np.frombuffer(joined.buffers()[2], dtype=np.uint8)[joined_offsets[0] : joined_offsets[-1]]
+    return b"".join([*head, out.tobytes(), tail])
+
+
 class _HandlerCapture:
     """Stands in for a grpc.Server while the generated code registers its handlers, so they can be adjusted first."""
 
@@ -169,11 +236,12 @@ class _HandlerCapture:
 
 def add_to_server(servicer: RemotePoolServicer, server: grpc.Server) -> None:
     """Register the servicer like the generated add_RemotePoolServicer_to_server, except that ScanCheckpoint
-    yields ScanChunk messages already encoded (clients still see plain ScanChunk messages on the wire).
+    and MultiGet hand over messages already encoded (clients still see plain ScanChunk and MultiGetResponse messages on the wire).
     """
     capture = _HandlerCapture()
     pb_grpc.add_RemotePoolServicer_to_server(servicer, capture)
     handlers = dict(capture.handlers)
     handlers["ScanCheckpoint"] = handlers["ScanCheckpoint"]._replace(response_serializer=_encoded)
+    handlers["MultiGet"] = handlers["MultiGet"]._replace(response_serializer=_encoded)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -279,7 +280,11 @@ def hash_keys(op_ids: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarra
         lens = ends - starts
         total = int(ends[-1] - starts[0])
         sums = np.zeros(stop - b, dtype=np.uint64)
-        if total:
+        width = int(lens[0])
+        if total and (lens == width).all():  # every key one width (the usual case): a 2-D product, no gather or reduceat
+            rows = data[starts[0] : ends[-1]].reshape(stop - b, width).astype(np.uint64)
+            sums = rows @ _position_multipliers(width)[:width]  # integer matmul wraps mod 2**64, like the sum below
+        elif total:
             chunk = data[starts[0] : ends[-1]].astype(np.uint64)
             position = np.arange(total, dtype=np.int64) - np.repeat(starts - starts[0], lens)
             with np.errstate(over="ignore"):
@@ -309,6 +314,19 @@ class KeyIndex:
         order = np.argsort(hashes, kind="stable")
         return cls(table, hashes[order], order)
 
+    @cached_property
+    def _keys(self) -> pa.Array:
+        return self.table.column("key_bytes").combine_chunks()
+
+    @cached_property
+    def _ops(self) -> np.ndarray:
+        return self.table.column("op_id").combine_chunks().to_numpy(zero_copy_only=False)
+
+    @cached_property
+    def values(self) -> pa.Array:
+        """The value column as one array (the table is contiguous, so no copy)."""
+        return self.table.column("value_bytes").combine_chunks()
+
     @property
     def nbytes(self) -> int:
         """Bytes held (table buffers and the index arrays)."""
@@ -321,9 +339,18 @@ class KeyIndex:
         by_hash = np.argsort(q_hashes)
         slot = np.empty(m, dtype=np.int64)
         slot[by_hash] = np.searchsorted(self.hashes, q_hashes[by_hash], side="left")  # sorted needles walk memory in order
-        cand = np.arange(m)
-        keys, ops = self.table.column("key_bytes"), self.table.column("op_id")
-        while cand.size:  # one round unless two keys share a hash
+        keys, ops = self._keys, self._ops
+        if n == 0 or m == 0:
+            return pos
+        # first round over every query at once (a miss compares against some row, harmlessly): no take of the queries
+        rows = self.order[np.minimum(slot, n - 1)]
+        hashed = (slot < n) & (self.hashes[np.minimum(slot, n - 1)] == q_hashes)
+        same = pc.equal(keys.take(pa.array(rows)), q_keys).to_numpy(zero_copy_only=False)
+        same &= hashed & (ops[rows] == q_ops)
+        pos[same] = rows[same]
+        cand = np.flatnonzero(hashed & ~same)  # equal hash, other key: walk on to the next equal hash
+        slot[cand] += 1
+        while cand.size:  # only when two keys share a hash
             inside = slot[cand] < n
             cand = cand[inside]
             cand = cand[self.hashes[slot[cand]] == q_hashes[cand]]
@@ -331,7 +358,7 @@ class KeyIndex:
                 break
             rows = self.order[slot[cand]]
             same = pc.equal(keys.take(pa.array(rows)), q_keys.take(pa.array(cand))).to_numpy(zero_copy_only=False)
-            same &= ops.take(pa.array(rows)).to_numpy(zero_copy_only=False) == q_ops[cand]
+            same &= ops[rows] == q_ops[cand]
             pos[cand[same]] = rows[same]
             cand = cand[~same]
             slot[cand] += 1
@@ -613,12 +640,17 @@ class CheckpointReader:
 
     def lookup(self, manifest: Manifest, op_ids: Sequence[int] | np.ndarray, keys: Sequence[bytes] | pa.Array) -> tuple[np.ndarray, list[bytes]]:
         """Point reads: (found mask, values) answered by the newest layer holding each key; erases hide older values."""
+        found, values = self.lookup_values(manifest, op_ids, keys)
+        return found, values.to_pylist()
+
+    def lookup_values(self, manifest: Manifest, op_ids: Sequence[int] | np.ndarray, keys: Sequence[bytes] | pa.Array) -> tuple[np.ndarray, pa.Array]:
+        """Point reads like lookup, with the values as one binary array without nulls (b"" where not found), for callers that encode in bulk."""
         n = len(keys)
         if len(op_ids) != n:
             raise InvalidArgumentError(f"{len(op_ids)} op_ids for {n} keys; they must pair up")
         found = np.zeros(n, dtype=bool)
         if n == 0:
-            return found, []
+            return found, pa.array([], pa.binary())
         q_keys = keys if isinstance(keys, pa.Array) else pa.array(list(keys), pa.binary())
         q_ops = np.asarray(op_ids, dtype=np.uint64)
         q_hash = hash_keys(q_ops, q_keys)
@@ -626,8 +658,8 @@ class CheckpointReader:
         if resolved is not None:  # a checkpoint read often: its merged view answers in one probe
             pos = resolved.find(q_hash, q_keys, q_ops)
             found = pos >= 0
-            vals = resolved.table.column("value_bytes").take(pa.array(pos, mask=~found))
-            return found, pc.fill_null(vals, b"").to_pylist()
+            vals = resolved.values.take(pa.array(pos, mask=~found))
+            return found, pc.fill_null(vals, b"") if not found.all() else vals
         lead = leading_bytes(q_keys)
         empty = pc.equal(pc.binary_length(q_keys), 0).to_numpy(zero_copy_only=False)
         open_ = (lead < NUM_KEY_GROUPS) & ~empty  # keyed queries not yet decided by a newer layer
@@ -676,12 +708,12 @@ class CheckpointReader:
         if op_idx.size:
             answer(op_idx, self.operator_index(manifest), False)
         if not answered_idx:
-            return found, [b""] * n
+            return found, pa.array([b""] * n, pa.binary())
         # one gather puts every answer in query order; unanswered queries read as b""
         where = np.full(n, -1, dtype=np.int64)
         where[np.concatenate(answered_idx)] = np.arange(sum(len(a) for a in answered_idx))
         vals = pa.concat_arrays(answered_vals).take(pa.array(where, mask=where < 0))
-        return found, pc.fill_null(vals, b"").to_pylist()
+        return found, pc.fill_null(vals, b"")
 
     def _resolved_index(self, manifest: Manifest) -> KeyIndex | None:
         """The index of the checkpoint's merged view once it has been read by key often enough (and fits the cache)."""
