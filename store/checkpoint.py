@@ -328,17 +328,44 @@ class KeyIndex:
         return self.table.column("value_bytes").combine_chunks()
 
     @property
+    def _bucket_bits(self) -> int:
+        return min(max(1, int(len(self.hashes) - 1).bit_length()), 30)
+
+    @cached_property
+    def _bucket_starts(self) -> np.ndarray:
+        """Where each bucket (the top bits of a hash) starts in the sorted hashes, with n appended: ~1 hash per bucket."""
+        bits = self._bucket_bits
+        bounds = np.arange(1 << bits, dtype=np.uint64) << np.uint64(64 - bits)
+        return np.append(np.searchsorted(self.hashes, bounds, side="left"), len(self.hashes)).astype(np.int32 if len(self.hashes) < 2**31 else np.int64)
+
+    def _first_at_least(self, q_hashes: np.ndarray) -> np.ndarray:
+        """np.searchsorted(hashes, q, "left") in about two memory reads per query: the bucket's start, then a short walk.
+
+        A binary search's ~18 dependent reads per query dominate once the index is out of the CPU cache (as between RPCs).
+        """
+        starts = self._bucket_starts
+        bucket = (q_hashes >> np.uint64(64 - self._bucket_bits)).astype(np.intp)
+        slot = starts[bucket].astype(np.int64)
+        end = starts[bucket + 1]
+        cand = np.flatnonzero(slot < end)
+        cand = cand[self.hashes[slot[cand]] < q_hashes[cand]]
+        while cand.size:  # buckets hold ~1 hash: a few shrinking rounds
+            slot[cand] += 1
+            cand = cand[slot[cand] < end[cand]]
+            cand = cand[self.hashes[slot[cand]] < q_hashes[cand]]
+        return slot
+
+    @property
     def nbytes(self) -> int:
-        """Bytes held (table buffers and the index arrays)."""
-        return self.table.get_total_buffer_size() + self.hashes.nbytes + self.order.nbytes
+        """Bytes held (table buffers and the index arrays, the bucket starts included)."""
+        starts = ((1 << self._bucket_bits) + 1) * (4 if len(self.hashes) < 2**31 else 8)
+        return self.table.get_total_buffer_size() + self.hashes.nbytes + self.order.nbytes + starts
 
     def find(self, q_hashes: np.ndarray, q_keys: pa.Array, q_ops: np.ndarray) -> np.ndarray:
         """Row of each query in the table, -1 if absent; equal hashes are confirmed by comparing the keys."""
         m, n = len(q_hashes), len(self.hashes)
         pos = np.full(m, -1, dtype=np.int64)
-        by_hash = np.argsort(q_hashes)
-        slot = np.empty(m, dtype=np.int64)
-        slot[by_hash] = np.searchsorted(self.hashes, q_hashes[by_hash], side="left")  # sorted needles walk memory in order
+        slot = self._first_at_least(q_hashes)
         keys, ops = self._keys, self._ops
         if n == 0 or m == 0:
             return pos

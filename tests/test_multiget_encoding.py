@@ -68,3 +68,15 @@ def test_index_find_agrees_with_a_dict(rows: dict, queries: list, collide: bool)
     pos = index.find(q_hash, q_keys, q_ops)
     values = index.table.column("value_bytes").to_pylist()
     assert [values[p] if p >= 0 else None for p in pos] == [rows.get(q) for q in queries]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3000), seed=st.integers(0, 2**32 - 1), repeats=st.integers(0, 20))
+def test_bucketed_probe_is_searchsorted(n: int, seed: int, repeats: int) -> None:
+    rng = np.random.default_rng(seed)
+    hashes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    hashes[: min(repeats, n)] = hashes[0]  # runs of equal hashes (collisions) and the extremes
+    hashes = np.sort(np.concatenate([hashes, np.array([0, 2**64 - 1], np.uint64)]))
+    index = KeyIndex(pa.table({"op_id": pa.array([], pa.uint64())}), hashes, np.arange(len(hashes)))
+    queries = np.concatenate([hashes[rng.integers(0, len(hashes), 200)], rng.integers(0, 2**64 - 1, 200, dtype=np.uint64, endpoint=True)])
+    assert index._first_at_least(queries).tolist() == np.searchsorted(hashes, queries, side="left").tolist()
