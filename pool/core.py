@@ -311,7 +311,7 @@ class PoolCore:
             path = f"data/{uuid.uuid4().hex}.arrow"
             self.store.put_if_absent(job_prefix(job) + path, encoded.data)  # immutable, unreferenced until a part names it
             written += len(encoded.data)
-            files[path] = encoded.entry(path, KIND_DELTA, kg.lo, kg.hi)
+            files[path] = encoded.entry(path, KIND_DELTA, kg.lo, kg.hi, cid)
             layers.append((path,))
         self.fencing.check(job, kg, request.epoch)  # a writer fenced while uploading publishes nothing
         part = Manifest(

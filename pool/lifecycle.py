@@ -203,7 +203,7 @@ class Lifecycle:
         layers: tuple[tuple[str, ...], ...] = ()
         if encoded.rows:
             target.put_if_absent(base + path, encoded.data)
-            files = (encoded.entry(path, KIND_BASE, 0, NUM_KEY_GROUPS - 1),)
+            files = (encoded.entry(path, KIND_BASE, 0, NUM_KEY_GROUPS - 1, manifest.checkpoint_id),)
             layers = ((path,),)
         epoch = max(p.epoch for p in manifest.parts)
         sp = Manifest(MANIFEST_FORMAT, manifest.job, manifest.checkpoint_id, 0, manifest.created_at_ms, manifest.operators,
@@ -248,7 +248,9 @@ class Lifecycle:
             path = _new_data_path()
             self.store.put_if_absent(job_prefix(new_job) + path, data)
             renamed[entry.path] = path
-            files.append(DataFile(path, entry.kind, entry.kg_lo, entry.kg_hi, entry.rows, entry.size, entry.sha256, entry.segments))
+            # as_of shifted so the source's newest state is checkpoint 1 of the new job and its order of layers is kept
+            as_of = None if entry.as_of is None else entry.as_of - manifest.checkpoint_id + 1
+            files.append(DataFile(path, entry.kind, entry.kg_lo, entry.kg_hi, entry.rows, entry.size, entry.sha256, entry.segments, as_of))
             if progress is not None:
                 progress(len(files), len(manifest.files))
         parts = tuple(Part(p.kg_lo, p.kg_hi, 1, 0, tuple(tuple(renamed[x] for x in layer) for layer in p.layers)) for p in manifest.parts)
@@ -361,7 +363,7 @@ class Lifecycle:
 
         The compacted manifest replaces _metadata by compare-and-swap on the etag read, so a concurrent deletion or
         compaction makes it a ConflictError that changes nothing visible. Every read answers the same: a part's base
-        holds exactly its keyed rows after all layers plus its own operator-state view. Later commits whose parent is
+        holds exactly its keyed rows after all layers plus the checkpoint's whole operator-state view (as_of = N). Later commits whose parent is
         this checkpoint reference the base. The old layers stay referenced by the checkpoint's parts until retention
         removes it, so a reader still holding the old manifest keeps working.
         """
@@ -381,7 +383,7 @@ class Lifecycle:
                 new_parts.append(part)
                 continue
             keyed = reader.part_keyed(manifest, part, part.kg_lo, part.kg_hi)
-            ops = reader.part_operator(manifest, part)
+            ops = reader.operator_view(manifest)  # the checkpoint's whole operator state: a base is as of its checkpoint for every part
             table = pa.concat_tables([keyed, ops.cast(keyed.schema)]) if ops.num_rows else keyed
             encoded: EncodedFile = encode_datafile(table, changelog=False, target_segment_bytes=_fold_target(table, part.kg_hi - part.kg_lo + 1))
             layers: tuple[tuple[str, ...], ...] = ()
@@ -389,7 +391,7 @@ class Lifecycle:
                 path = _new_data_path()
                 self.store.put_if_absent(job_prefix(job) + path, encoded.data)
                 written += len(encoded.data)
-                new_files[path] = encoded.entry(path, KIND_BASE, part.kg_lo, part.kg_hi)
+                new_files[path] = encoded.entry(path, KIND_BASE, part.kg_lo, part.kg_hi, manifest.checkpoint_id)
                 layers = ((path,),)
             new_parts.append(Part(part.kg_lo, part.kg_hi, part.epoch, part.parent_id, layers))
             folded.append((part.kg_lo, part.kg_hi, len(part.layers)))

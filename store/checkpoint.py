@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from snapshot import (
     CANONICAL_SCHEMA,
+    CHANGELOG_SCHEMA,
     NUM_KEY_GROUPS,
     ROW_ERASE,
     ROW_MATERIALISATION,
@@ -180,6 +181,15 @@ def assemble(pieces: list[Piece]) -> pa.Table:
     keys = pa.Array.from_buffers(pa.binary(), total, [None, pa.py_buffer(out_offs[0]), pa.py_buffer(out_data[0])])
     values = pa.Array.from_buffers(pa.binary(), total, [None, pa.py_buffer(out_offs[1]), pa.py_buffer(out_data[1])])
     return pa.Table.from_arrays([pa.array(out_ops, pa.uint64()), keys, values], schema=CANONICAL_SCHEMA)
+
+
+def _same_checkpoint(changelogs: list[pa.Table]) -> pa.Table:
+    """Resolved changelogs of one checkpoint (one per subtask, lowest key groups first) as one: puts merged by the format's rule over every erase."""
+    if len(changelogs) <= 1:
+        return changelogs[0] if changelogs else empty_table(changelog=True)
+    erases = [t.filter(pc.equal(t.column("row_kind"), ROW_ERASE)).cast(CHANGELOG_SCHEMA) for t in changelogs]
+    puts = _as_puts(merge_tables([_live(t) for t in changelogs])).cast(CHANGELOG_SCHEMA)
+    return pa.concat_tables([*erases, puts])  # replay keeps the last row per key: a put in this checkpoint beats an erase
 
 
 def _overlay_pieces(pieces: list[Piece], changelog: pa.Table) -> list[Piece]:
@@ -620,11 +630,40 @@ class CheckpointReader:
         cached = self.cache.get(cache_key)
         if cached is not None:
             return cached
-        views = [self.part_operator(manifest, p) for p in manifest.parts]
-        table = merge_tables(views) if len(views) > 1 else (views[0] if views else empty_table())
+        entries = {path: manifest.file(path) for p in manifest.parts for layer in p.layers for path in layer}
+        if any(e.as_of is None for e in entries.values()):  # a manifest written before files carried as_of: the old per-part merge
+            views = [self.part_operator(manifest, p) for p in manifest.parts]
+            table = merge_tables(views) if len(views) > 1 else (views[0] if views else empty_table())
+        else:
+            table = self._recent_operator_rows(list(entries.values()))
         table = table.cast(CANONICAL_SCHEMA)
         self.cache.put(cache_key, table)
         return table
+
+    def _recent_operator_rows(self, entries: list[DataFile]) -> pa.Table:
+        """Operator state by recency: the newest base (a global view as of its checkpoint), then newer deltas checkpoint by checkpoint.
+
+        Each file counts once however many parts name it. Deltas of one checkpoint (one per writing subtask) are combined by
+        the format's rule: their puts merged (lowest key groups first), an erase applies where no subtask put the key.
+        """
+        bases = [e for e in entries if not e.changelog]
+        start = max((e.as_of for e in bases), default=None)
+        acc = empty_table()
+        if start is not None:
+            newest = next(e for e in bases if e.as_of == start)  # bases of one checkpoint hold the same operator view
+            rows = self._operator_rows(newest)
+            acc = rows if rows is not None else acc
+        deltas = [e for e in entries if e.changelog and (start is None or e.as_of > start) and any(s.operator for s in e.segments)]
+        deltas.sort(key=lambda e: (e.as_of, e.kg_lo))
+        i = 0
+        while i < len(deltas):
+            j = i
+            while j < len(deltas) and deltas[j].as_of == deltas[i].as_of:
+                j += 1
+            tables = [t for t in (self._operator_rows(e) for e in deltas[i:j]) if t is not None]
+            acc = overlay(acc, _same_checkpoint(tables))
+            i = j
+        return acc
 
     # ---- public reads -----------------------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ class DataFile:
     size: int
     sha256: str
     segments: tuple[Segment, ...]
+    as_of: int | None = None  # the checkpoint whose state the rows are (orders operator-state layers across parts); None: legacy
 
     @property
     def changelog(self) -> bool:
@@ -65,9 +66,9 @@ class EncodedFile:
     sha256: str
     segments: tuple[Segment, ...]
 
-    def entry(self, path: str, kind: str, kg_lo: int, kg_hi: int) -> DataFile:
-        """The manifest entry for these bytes stored at ``path``."""
-        return DataFile(path, kind, kg_lo, kg_hi, self.rows, len(self.data), self.sha256, self.segments)
+    def entry(self, path: str, kind: str, kg_lo: int, kg_hi: int, as_of: int | None = None) -> DataFile:
+        """The manifest entry for these bytes stored at ``path`` (as_of: the checkpoint whose state they are)."""
+        return DataFile(path, kind, kg_lo, kg_hi, self.rows, len(self.data), self.sha256, self.segments, as_of)
 
 
 def sort_for_layout(table: pa.Table) -> pa.Table:

@@ -105,7 +105,9 @@ def _segment_dict(s: Segment) -> dict[str, Any]:
 
 
 def _file_dict(f: DataFile) -> dict[str, Any]:
+    as_of: dict[str, Any] = {} if f.as_of is None else {"as_of": f.as_of}
     return {
+        **as_of,
         "path": f.path,
         "kind": f.kind,
         "kg_lo": f.kg_lo,
@@ -217,7 +219,8 @@ def _parse_file(p: _Parser, raw: Any, where: str) -> DataFile:
     rows = p.int_(d, "rows", where)
     if sum(s.rows for s in segments) != rows:
         raise p.fail(f"{where}: segment rows add up to {sum(s.rows for s in segments)}, file says {rows}")
-    return DataFile(path, kind, lo, hi, rows, size, sha, segments)
+    as_of = p.int_(d, "as_of", where, -(1 << 63), (1 << 63) - 1) if "as_of" in d else None  # absent in manifests written before it
+    return DataFile(path, kind, lo, hi, rows, size, sha, segments, as_of)
 
 
 def parse_manifest(data: bytes, name: str) -> Manifest:
