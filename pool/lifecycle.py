@@ -109,6 +109,19 @@ def validate_name(name: object, what: str = "savepoint name", max_bytes: int = 1
         raise InvalidArgumentError(str(exc).replace("job id", what)) from None
 
 
+def _unreferenced_old_enough(infos: list[ObjectInfo], refs: set[str], now: int, min_age: int, result: GcResult) -> list[ObjectInfo]:
+    """GC's one rule: an object goes only if nothing references it and it is older than the minimum age (counting the too-young)."""
+    out = []
+    for info in infos:
+        if info.key in refs:
+            continue
+        if now - info.last_modified_ms < min_age:
+            result.too_young += 1
+            continue
+        out.append(info)
+    return out
+
+
 def _fold_target(table: pa.Table, kg_count: int) -> int:
     """Segment target for a folded file: about one segment per key group, never tiny segments."""
     if table.num_rows == 0:
@@ -485,13 +498,7 @@ class Lifecycle:
             result.referenced += len(refs)
             _, expired = self._live_pins(layout.pins, now)
             expired_set = set(expired)
-            for info in layout.data + [p for p in layout.pins if p.key in expired_set]:
-                if info.key in refs:
-                    continue
-                if now - info.last_modified_ms < min_age:
-                    result.too_young += 1
-                    continue
-                candidates.append(info)
+            candidates += _unreferenced_old_enough(layout.data + [p for p in layout.pins if p.key in expired_set], refs, now, min_age, result)
         for name, infos in sorted(by_savepoint.items()):
             base = savepoint_prefix(name)
             refs = set()
@@ -502,13 +509,7 @@ class Lifecycle:
                 except NotFoundError:
                     continue  # deleted meanwhile: judge it next run
             result.referenced += len(refs)
-            for info in infos:
-                if info.key in refs:
-                    continue
-                if now - info.last_modified_ms < min_age:
-                    result.too_young += 1
-                    continue
-                candidates.append(info)
+            candidates += _unreferenced_old_enough(infos, refs, now, min_age, result)
         candidates.sort(key=lambda i: i.key)
         stale_temps = [] if scope else self._stale_temp_files(now, min_age)
         result.temp_files = len(stale_temps)
