@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 from collections import OrderedDict
@@ -655,14 +656,9 @@ class CheckpointReader:
             acc = rows if rows is not None else acc
         deltas = [e for e in entries if e.changelog and (start is None or e.as_of > start) and any(s.operator for s in e.segments)]
         deltas.sort(key=lambda e: (e.as_of, e.kg_lo))
-        i = 0
-        while i < len(deltas):
-            j = i
-            while j < len(deltas) and deltas[j].as_of == deltas[i].as_of:
-                j += 1
-            tables = [t for t in (self._operator_rows(e) for e in deltas[i:j]) if t is not None]
+        for _, same in itertools.groupby(deltas, key=lambda e: e.as_of):
+            tables = [t for t in (self._operator_rows(e) for e in same) if t is not None]
             acc = overlay(acc, _same_checkpoint(tables))
-            i = j
         return acc
 
     # ---- public reads -----------------------------------------------------------------------------------------
