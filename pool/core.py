@@ -6,13 +6,14 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pool.domain import MAX_CHECKPOINT_ID, CheckpointInfo, CommitRequest, CommitResult, KeyGroupRange, PoolConfig
+from pool.streaming import stream_chunks
 from pool.writers import Fencing
 from snapshot import (
     NUM_KEY_GROUPS,
@@ -470,21 +471,23 @@ class PoolCore:
             table = overlay(table, change)
         return table, manifest
 
-    def scan(self, job: str, checkpoint_id: int, key_groups: KeyGroupRange | None, op_ids: Sequence[int], delta: bytes | None) -> Iterator[bytes]:
-        """One canonical snapshot stream (one RecordBatch) in ~scan_chunk_bytes chunks; errors raise before the first chunk."""
+    def scan(
+        self,
+        job: str,
+        checkpoint_id: int,
+        key_groups: KeyGroupRange | None,
+        op_ids: Sequence[int],
+        delta: bytes | None,
+        frame: Callable[[int], bytes] | None = None,
+    ) -> Iterator[bytes]:
+        """One canonical snapshot stream (one RecordBatch) in ~scan_chunk_bytes chunks; errors raise before the first chunk.
+
+        The chunks are cut straight from the merged table's buffers (one chunk copied at a time, no second full-size
+        stream); ``frame`` prefixes each chunk with a header in the same copy (the servicer's ScanChunk field header).
+        """
         table, manifest = self.scan_table(job, checkpoint_id, key_groups, op_ids, delta)
         writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
-        batch = writer.record_batch(table)
-        del table  # the merged layers' rows are freed once the single batch holds them: peak ~3x the stream
-        buffer = writer.batch_buffer(batch)
-        del batch
-        step = max(1, self.config.scan_chunk_bytes)
-
-        def chunks() -> Iterator[bytes]:
-            for offset in range(0, buffer.size, step):
-                yield buffer.slice(offset, min(step, buffer.size - offset)).to_pybytes()
-
-        return chunks()
+        return stream_chunks(writer, table, max(1, self.config.scan_chunk_bytes), frame=frame)
 
     # ---- listing and deletion ---------------------------------------------------------------------------------
 

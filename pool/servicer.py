@@ -12,10 +12,9 @@ import pyarrow.compute as pc
 from pool.core import PoolCore
 from pool.domain import CheckpointInfo, CommitRequest, KeyGroupRange
 from pool.lifecycle import Lifecycle, LifecycleConfig
-from pool.streaming import length_delimited_field_1, stream_chunks
+from pool.streaming import length_delimited_field_1
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
-from snapshot import SnapshotArrowWriter, StateVersionMap
 from snapshot.errors import InvalidArgumentError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RemotePool"].full_name
@@ -106,11 +105,9 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
 
     def ScanCheckpoint(self, request: pb.ScanCheckpointRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         key_groups = _range(request.key_groups) if request.HasField("key_groups") else None
-        # the same stream as PoolCore.scan, cut straight from the table's buffers (no second full-size copy), and each
-        # chunk already encoded as a ScanChunk message: upb would otherwise copy every MiB twice (see add_to_server)
-        table, manifest = self.core.scan_table(request.job, request.checkpoint_id, key_groups, list(request.op_ids), request.delta or None)
-        writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
-        yield from stream_chunks(writer, table, self.core.config.scan_chunk_bytes, frame=length_delimited_field_1)
+        # each chunk already encoded as a ScanChunk message: upb would otherwise copy every MiB twice (see add_to_server)
+        chunks = self.core.scan(request.job, request.checkpoint_id, key_groups, list(request.op_ids), request.delta or None, frame=length_delimited_field_1)
+        yield from chunks
 
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:
         return pb.ListJobsResponse(jobs=self.core.list_jobs())
