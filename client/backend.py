@@ -321,7 +321,9 @@ class RemoteReadBackend:
             raise InvalidArgumentError(f"backend for job {self.job!r} key groups {self.key_groups[0]}-{self.key_groups[1]} is closed")
 
     def _check_key(self, key: bytes) -> None:
-        lead = key[0] if key else 0
+        if not key:
+            raise InvalidArgumentError("key_bytes is empty; a state key starts with its key-group byte (or 0xFF for operator state)")
+        lead = key[0]
         lo, hi = self.key_groups
         if lead < NUM_KEY_GROUPS and not lo <= lead <= hi:
             raise InvalidArgumentError(f"key {bytes(key)[:32]!r} is in key group {lead}, outside this backend's range {lo}-{hi}")
@@ -424,7 +426,8 @@ class RemoteReadBackend:
 
     def _fold_into_cache(self, layer: Layer) -> None:
         for k, v in layer.items():
-            self._cache.store(k, v)
+            if k[1][:1] < b"\x80":  # operator state is every subtask's: after completion it reads what the pool merged
+                self._cache.store(k, v)
 
     def _release_pending(self, complete_id: int) -> None:
         """Checkpoint ``complete_id`` is complete: pending deltas up to it are now in the pool; read there."""
@@ -519,15 +522,16 @@ class RemoteReadBackend:
     ) -> CheckpointInfo:
         """Point the backend at a complete checkpoint (None: the newest) and range (None: the current one).
 
-        Reads metadata only; values are fetched lazily. Unsaved writes are dropped. A new range re-acquires a
-        writer epoch for it (fencing older overlapping writers). ``expected_operators`` (uid -> op_id) is checked
+        Reads metadata only; values are fetched lazily. Unsaved writes are dropped. Every restore acquires a fresh
+        writer epoch for the range (fencing older overlapping writers, and this backend's own earlier attempt, so
+        nothing staged before the restore completes a checkpoint). ``expected_operators`` (uid -> op_id) is checked
         against the checkpoint first: any operator it lacks raises MissingOperatorsError and nothing changes.
         """
         self._check_open()
         new_range = _check_range(key_groups) if key_groups is not None else self.key_groups
         if checkpoint_id is None:
             # one metadata call: the list already says which checkpoints are complete, with their operators
-            complete = [c for c in self._pool.list_checkpoints(self.job) if c.complete]
+            complete = [c for c in self._pool.list_checkpoints(self.job) if c.complete and not c.abandoned]
             if not complete:
                 raise NotFoundError(f"job {self.job!r} has no complete checkpoint to restore from")
             info = max(complete, key=lambda c: c.checkpoint_id)
@@ -547,9 +551,8 @@ class RemoteReadBackend:
                     missing[uid] = op_id
             if missing:
                 raise MissingOperatorsError(checkpoint_id, missing)
-        epoch = self.epoch
-        if new_range != self.key_groups:
-            epoch = self._pool.acquire_writer(self.job, new_range).epoch
+        # a restore is a new attempt, even for an unchanged range: the fresh epoch fences every part staged before it
+        epoch = self._pool.acquire_writer(self.job, new_range, restore_from=checkpoint_id).epoch
         with self._snapshot_lock, self._lock:
             self.key_groups = new_range
             self.epoch = epoch

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -79,6 +78,10 @@ class CheckpointInfo:
     num_rows: int
     operators: dict[int, str]
     state_versions: str
+    # etag of the complete checkpoint's _metadata (passed back on reads so the pool may answer from its cache)
+    manifest_etag: str = ""
+    # a complete checkpoint a rewind left behind: never the latest, and never restored from by default
+    abandoned: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class CommitResult:
     checkpoint: CheckpointInfo
     bytes_written: int
     attempts: int = 1
-    # True when a retry found the checkpoint already committed by this writer's earlier attempt.
+    # True when a retry was answered by the pool as a repeat of this writer's earlier, identical attempt that had landed
     recovered: bool = False
 
 
@@ -152,22 +155,12 @@ def _info(msg: pb.CheckpointInfo) -> CheckpointInfo:
         num_rows=msg.num_rows,
         operators={o.op_id: o.uid for o in msg.operators},
         state_versions=msg.state_versions,
+        manifest_etag=msg.manifest_etag,
+        abandoned=msg.abandoned,
     )
 
 
-def _manifest_epochs(manifest: object, lo: int, hi: int) -> set[int]:
-    """Epochs a manifest records for the part covering key groups lo..hi (parts carry kg_lo, kg_hi, epoch)."""
-    found: set[int] = set()
-    stack = [manifest]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if isinstance(node.get("epoch"), int) and node.get("kg_lo") == lo and node.get("kg_hi") == hi:
-                found.add(node["epoch"])
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return found
+_MAX_TOKENS = 4096  # manifest etags remembered per client (job, checkpoint id)
 
 
 class PoolClient:
@@ -202,6 +195,22 @@ class PoolClient:
         self._metadata = (("authorization", f"Bearer {self.config.token}"),) if self.config.token else None
         self.calls = 0
         self.retries = 0
+        # the newest _metadata etag seen per (job, checkpoint): sent back on reads so the pool may trust its cached manifest
+        self._tokens: dict[tuple[str, int], str] = {}
+
+    def _remember(self, job: str, checkpoint_id: int, etag: str) -> None:
+        if etag and checkpoint_id:
+            if len(self._tokens) >= _MAX_TOKENS:
+                self._tokens.clear()
+            self._tokens[(job, checkpoint_id)] = etag
+
+    def _seen(self, info: CheckpointInfo) -> CheckpointInfo:
+        if info.complete:
+            self._remember(info.job, info.checkpoint_id, info.manifest_etag)
+        return info
+
+    def _token(self, job: str, checkpoint_id: int) -> str:
+        return self._tokens.get((job, checkpoint_id), "") if checkpoint_id else ""
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -263,9 +272,14 @@ class PoolClient:
 
     # -- the RemotePool calls -----------------------------------------------------------------------
 
-    def acquire_writer(self, job: str, key_groups: KeyGroups) -> WriterLease:
-        """A fencing epoch for ``job``'s key-group range; fences older writers of overlapping ranges."""
+    def acquire_writer(self, job: str, key_groups: KeyGroups, restore_from: int | None = None) -> WriterLease:
+        """A fencing epoch for ``job``'s key-group range; fences older writers of overlapping ranges.
+
+        ``restore_from``: the checkpoint the writer restores from; every restore needs a fresh epoch (a new attempt).
+        """
         req = pb.AcquireWriterRequest(job=job, key_groups=_range(key_groups))
+        if restore_from is not None:
+            req.restore_from = restore_from
         resp = self._call(
             f"acquire writer for job {job!r} key groups {key_groups[0]}-{key_groups[1]}",
             lambda: self._stub.AcquireWriter(req, timeout=self._deadline(), metadata=self._metadata),
@@ -283,11 +297,11 @@ class PoolClient:
         state_versions: str = "",
         operators: dict[int, str] | None = None,
     ) -> CommitResult:
-        """Stream a changelog delta in ~1 MiB chunks and commit it; never blindly repeated.
+        """Stream a changelog delta in ~1 MiB chunks and commit it, retrying after UNAVAILABLE / RESOURCE_EXHAUSTED.
 
-        A retry happens only after UNAVAILABLE / RESOURCE_EXHAUSTED; when the retry is answered with a conflict
-        the earlier attempt may have landed, so the pool is asked whether this writer (range and epoch) committed it.
-        FAILED_PRECONDITION (fenced) and every other error are raised at once.
+        A retry is safe: the pool names a part by checkpoint, range and epoch, and answers a repeat of a commit that had
+        landed (same delta bytes) as that commit's outcome (``recovered``); a different delta under the same name is a
+        ConflictError. FAILED_PRECONDITION (fenced) and every other error are raised at once.
         """
         header = pb.CommitHeader(
             job=job,
@@ -302,51 +316,28 @@ class PoolClient:
         step = max(1, int(self.config.commit_chunk_bytes))
 
         def chunks() -> Iterator[pb.CommitChunk]:
+            header.attempt = attempt
             yield pb.CommitChunk(header=header)
             for start in range(0, len(view), step):
                 yield pb.CommitChunk(delta=bytes(view[start : start + step]))
 
         what = f"commit checkpoint {checkpoint_id} of job {job!r} key groups {key_groups[0]}-{key_groups[1]}"
         attempt = 0
-        outcome_unknown = False
         while True:
             self.calls += 1
             try:
                 resp = self._stub.CommitCheckpoint(chunks(), timeout=self.config.commit_deadline_s, metadata=self._metadata)
-                return CommitResult(_info(resp.checkpoint), resp.bytes_written, attempts=attempt + 1)
+                info = self._seen(_info(resp.checkpoint))
+                return CommitResult(info, resp.bytes_written, attempts=attempt + 1, recovered=resp.repeated and attempt > 0)
             except grpc.RpcError as exc:
-                code, details = exc.code(), exc.details()
-                if outcome_unknown and code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.ABORTED):
-                    info = self._committed_by(job, checkpoint_id, key_groups, epoch)
-                    if info is not None:
-                        return CommitResult(info, 0, attempts=attempt + 1, recovered=True)
-                    raise ConflictError(f"{what}: {details} (an earlier attempt failed, and the committed range is not this writer's)") from None
-                self._back_off_or_raise(code, details, what, attempt)
-                outcome_unknown = True
+                self._back_off_or_raise(exc.code(), exc.details(), what, attempt)
                 attempt += 1
-
-    def _committed_by(self, job: str, checkpoint_id: int, key_groups: KeyGroups, epoch: int) -> CheckpointInfo | None:
-        """The checkpoint if this exact range is committed in it by this epoch (manifest parts carry their epoch).
-
-        Before the checkpoint is complete there is no manifest to read; then the committed range alone decides.
-        """
-        lo, hi = key_groups
-        info = next((c for c in self.list_checkpoints(job, include_incomplete=True) if c.checkpoint_id == checkpoint_id), None)
-        if info is None:
-            return None
-        if not info.complete:
-            return info if (lo, hi) in info.committed_ranges else None
-        _, manifest_json = self.describe_checkpoint(job, checkpoint_id)
-        try:
-            manifest = json.loads(manifest_json)
-        except ValueError:
-            return None
-        return info if epoch in _manifest_epochs(manifest, lo, hi) else None
 
     def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes) -> bytes | None:
         """The value of one key at a checkpoint (0: newest complete), None when absent."""
-        req = pb.GetRequest(job=job, checkpoint_id=checkpoint_id, op_id=op_id, key_bytes=key)
+        req = pb.GetRequest(job=job, checkpoint_id=checkpoint_id, op_id=op_id, key_bytes=key, manifest_etag=self._token(job, checkpoint_id))
         resp = self._call(f"get from job {job!r} checkpoint {checkpoint_id}", lambda: self._stub.Get(req, timeout=self._deadline(), metadata=self._metadata))
+        self._remember(job, resp.checkpoint_id, resp.manifest_etag)
         return resp.value if resp.found else None
 
     def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes]) -> list[bytes | None]:
@@ -354,11 +345,12 @@ class PoolClient:
         op_ids = list(op_ids)
         if len(op_ids) == 1 and len(keys) != 1:
             op_ids = op_ids * len(keys)  # the proto allows one shared op_id; pairing them up works with every pool version
-        req = pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=op_ids, keys=list(keys))
+        req = pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=op_ids, keys=list(keys), manifest_etag=self._token(job, checkpoint_id))
         resp = self._call(
             f"multi-get of {len(keys)} key(s) from job {job!r} checkpoint {checkpoint_id}",
             lambda: self._stub.MultiGet(req, timeout=self._deadline(), metadata=self._metadata),
         )
+        self._remember(job, resp.checkpoint_id, resp.manifest_etag)
         if len(resp.found) != len(keys) or len(resp.values) not in (len(keys), 0):
             raise UnavailableError(f"pool answered a multi-get of {len(keys)} key(s) with {len(resp.found)} result(s)")
         values = resp.values
@@ -373,7 +365,8 @@ class PoolClient:
         delta: bytes = b"",
     ) -> bytes:
         """One canonical snapshot stream for a checkpoint, range and operators, with an optional changelog overlaid."""
-        req = pb.ScanCheckpointRequest(job=job, checkpoint_id=checkpoint_id, op_ids=list(op_ids), delta=delta)
+        req = pb.ScanCheckpointRequest(job=job, checkpoint_id=checkpoint_id, op_ids=list(op_ids), delta=delta,
+                                       manifest_etag=self._token(job, checkpoint_id))
         if key_groups is not None:
             req.key_groups.CopyFrom(_range(key_groups))
 
@@ -394,7 +387,7 @@ class PoolClient:
         resp = self._call(
             f"list checkpoints of job {job!r}", lambda: self._stub.ListCheckpoints(req, timeout=self._deadline(), metadata=self._metadata)
         )
-        return [_info(c) for c in resp.checkpoints]
+        return [self._seen(_info(c)) for c in resp.checkpoints]
 
     def describe_checkpoint(self, job: str, checkpoint_id: int) -> tuple[CheckpointInfo, str]:
         """A checkpoint's info and its manifest JSON as stored."""
@@ -403,7 +396,7 @@ class PoolClient:
             f"describe checkpoint {checkpoint_id} of job {job!r}",
             lambda: self._stub.DescribeCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
         )
-        return _info(resp.checkpoint), resp.manifest_json
+        return self._seen(_info(resp.checkpoint)), resp.manifest_json
 
     def delete_checkpoint(self, job: str, checkpoint_id: int) -> None:
         """Delete one checkpoint (its files are left to GC)."""

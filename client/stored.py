@@ -67,9 +67,9 @@ def _named(exc: ClinkError, ref: SourceRef) -> ClinkError:
 def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
     """Manifest, then every data file (presence, size, sha256, each segment's crc32 and stream), then the merged table."""
     from client.savepoint_check import FAIL, INFO, PASS, check_key_layout
-    from snapshot import read_snapshot
+    from snapshot import read_arrow_file, read_snapshot
     from store.checkpoint import CheckpointReader
-    from store.datafile import decode_segment, verify_file, verify_segment
+    from store.datafile import ENCODING_FILE, ENCODING_STREAMS, decode_segment, verify_file, verify_segment
     from store.manifest import job_prefix, metadata_key
 
     store = open_source_store(ref, config)
@@ -111,12 +111,23 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
             report.add("checksum", FAIL, f"{exc.expected} in the manifest, {exc.actual} on the store", entry.path)
             continue
         bad = False
+        if entry.encoding == ENCODING_FILE:  # one Arrow IPC file: its schema declares the format version once
+            try:
+                newest_version = max(newest_version, read_arrow_file(data).format_version)
+            except UnsupportedFormatVersionError as exc:
+                report.add("format version", FAIL, str(exc), entry.path)
+                files_ok = False
+                continue
+            except CorruptSnapshotError as exc:
+                report.add("format", FAIL, str(exc), entry.path)
+                files_ok = False
+                continue
         for seg in entry.segments:
             blob = data[seg.offset : seg.offset + seg.length]
             try:
                 verify_segment(entry, seg, blob)
-                snap = read_snapshot(blob)
-                newest_version = max(newest_version, snap.format_version)
+                if entry.encoding == ENCODING_STREAMS:  # each segment a stream with its own format version
+                    newest_version = max(newest_version, read_snapshot(blob).format_version)
                 decode_segment(entry, seg, blob)
             except ChecksumMismatchError as exc:
                 report.add(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from snapshot import NUM_KEY_GROUPS, check_key_group_range
+from snapshot.errors import InvalidArgumentError
 from store.datafile import DEFAULT_SEGMENT_TARGET_BYTES
 
 MAX_CHECKPOINT_ID = (1 << 63) - 1
@@ -20,6 +21,12 @@ class PoolConfig:
     segment_target_bytes: int = DEFAULT_SEGMENT_TARGET_BYTES
     max_cas_attempts: int = 64
     resolved_index_after: int = 8  # point-read batches on one checkpoint before its merged view is indexed (-1: never)
+    # a commit that takes longer publishes nothing: GC's minimum age (which must exceed this) protects its new files
+    max_commit_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.max_commit_s > 0:
+            raise InvalidArgumentError(f"max_commit_s = {self.max_commit_s} must be positive")
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class CommitRequest:
     epoch: int
     state_versions: str = ""
     operators: tuple[tuple[int, str], ...] = ()
+    attempt: int = 0  # a client's retry number (0: first): a retry looks for its earlier attempt's part before uploading
 
 
 @dataclass(frozen=True)
@@ -71,11 +79,16 @@ class CheckpointInfo:
     num_rows: int
     operators: tuple[tuple[int, str], ...]
     state_versions: str
+    # the etag of the _metadata described (complete checkpoints): a client passes it back so a pool may serve its cache
+    manifest_etag: str = ""
+    # a complete checkpoint a rewind left behind (made by an older attempt after some writer's restore point)
+    abandoned: bool = False
 
 
 @dataclass(frozen=True)
 class CommitResult:
-    """What a commit did: the checkpoint as it now stands and the bytes this commit wrote to the store."""
+    """What a commit did: the checkpoint as it now stands, the bytes this commit wrote, and whether it repeated an earlier one."""
 
     checkpoint: CheckpointInfo
     bytes_written: int
+    repeated: bool = False

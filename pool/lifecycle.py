@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,18 +13,37 @@ import pyarrow.compute as pc
 
 from pool.core import validate_job
 from snapshot import NUM_KEY_GROUPS
-from snapshot.errors import ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError
+from snapshot.errors import ClinkError, ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError, UnavailableError
 from store.checkpoint import CheckpointReader, SegmentCache
 from store.datafile import KIND_BASE, KIND_DELTA, DataFile, EncodedFile, encode_datafile, verify_file
+from store.layout import (
+    GC_MARKER,
+    JOB_GC_MARKER,
+    SAVEPOINT_MANIFEST,
+    SAVEPOINTS,
+    job_gc_marker_key,
+    job_prefix,
+    metadata_key,
+    new_data_path,
+    parse_job_key,
+    part_key,
+    pin_key,
+    savepoint_prefix,
+    writers_key,
+)
 from store.local import TMP_DIR as FILE_STORE_TMP_DIR
 from store.local import FileStore
-from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, job_prefix, metadata_key, parse_manifest, part_key
+from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, parse_manifest
 from store.objects import ObjectInfo, ObjectStore
-from store.views import SAVEPOINT_MANIFEST, SAVEPOINTS, SavepointView, savepoint_prefix
+from store.views import SavepointView
+from store.writers import WriterTable
 
-GC_MARKER = "gc/progress.json"
-JOB_GC_MARKER = "gc-progress.json"  # jobs/<job>/gc-progress.json: the marker of a run scoped to one job
+__all__ = ["GC_MARKER", "JOB_GC_MARKER", "CompactionResult", "GcResult", "Lifecycle", "LifecycleConfig", "RetentionResult",
+           "SavepointInfo", "manifest_summary", "savepoint_prefix", "validate_name"]
+
 PIN_FORMAT = "clink.pin"
+# a GC run re-lists a job whose manifests change under it this many times before it leaves the job for the next run
+_GC_LISTING_ROUNDS = 3
 # folded files aim for about this many segments per key group they cover (one per key group once big enough)
 _MIN_FOLD_SEGMENT_BYTES = 4 << 10
 
@@ -40,8 +58,12 @@ class LifecycleConfig:
     gc_min_age_s: float = 3600.0
     max_name_bytes: int = 128
     cache_bytes: int = 128 << 20
+    # a compaction or savepoint that takes longer publishes nothing (GC's minimum age protects only what is younger)
+    max_write_s: float = 1800.0
 
     def __post_init__(self) -> None:
+        if not 0 < self.max_write_s:
+            raise InvalidArgumentError(f"max_write_s = {self.max_write_s} must be positive")
         if self.retain_last < 1:
             raise InvalidArgumentError(f"retain_last = {self.retain_last} must be at least 1 (the latest checkpoint is always kept)")
         if self.compact_max_layers < 1:
@@ -99,6 +121,8 @@ class GcResult:
     resumed: dict | None = None
     # store-wide runs on a file:// store: writers' temp files past the minimum age (left by a killed process)
     temp_files: int = 0
+    # jobs left alone because manifests kept vanishing while they were read (retention or deletes racing the run)
+    skipped_jobs: list[str] = field(default_factory=list)
 
 
 def validate_name(name: object, what: str = "savepoint name", max_bytes: int = 128) -> str:
@@ -130,8 +154,13 @@ def _fold_target(table: pa.Table, kg_count: int) -> int:
     return max(_MIN_FOLD_SEGMENT_BYTES, int(est) // max(1, 2 * kg_count))
 
 
-def _new_data_path() -> str:
-    return f"data/{uuid.uuid4().hex}.arrow"
+def _extra_fields(raw: bytes) -> dict:
+    """Top-level fields a stored manifest carries beyond the manifest itself (restored_from, savepoint): kept on rewrite."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return {}
+    return {k: doc[k] for k in ("restored_from", "savepoint") if k in doc}
 
 
 def _manifest_json(m: Manifest, extra: dict | None = None) -> bytes:
@@ -211,7 +240,7 @@ class Lifecycle:
         reader, manifest, _ = self.open_checkpoint(job, checkpoint_id)
         table = reader.read_manifest_table(manifest)
         encoded = encode_datafile(table, changelog=False, target_segment_bytes=_fold_target(table, NUM_KEY_GROUPS))
-        path = _new_data_path()
+        path = new_data_path()
         files: tuple[DataFile, ...] = ()
         layers: tuple[tuple[str, ...], ...] = ()
         if encoded.rows:
@@ -250,22 +279,31 @@ class Lifecycle:
             _, manifest, folder = self.open_checkpoint(job, checkpoint_id, src_store)
         if next(iter(self.store.list(job_prefix(new_job))), None) is not None:
             raise ConflictError(f"job {new_job} already exists in {self.store.uri}; restore only creates new jobs")
+        try:  # the writers table is the new job's claim: of two concurrent restores into one name, one writes nothing
+            claim = self.store.put_if_absent(writers_key(new_job), WriterTable(2, ()).to_json())
+        except ConflictError:
+            raise ConflictError(f"job {new_job} was created concurrently in {self.store.uri}; this restore wrote nothing") from None
         renamed: dict[str, str] = {}
         files = []
-        for entry in manifest.files:
-            try:
-                data = src_store.get(folder + entry.path)
-            except NotFoundError:
-                raise NotFoundError(f"data file {entry.path} of {folder.rstrip('/')} is missing from {src_store.uri}") from None
-            verify_file(entry, data)
-            path = _new_data_path()
-            self.store.put_if_absent(job_prefix(new_job) + path, data)
-            renamed[entry.path] = path
-            # as_of shifted so the source's newest state is checkpoint 1 of the new job and its order of layers is kept
-            as_of = None if entry.as_of is None else entry.as_of - manifest.checkpoint_id + 1
-            files.append(DataFile(path, entry.kind, entry.kg_lo, entry.kg_hi, entry.rows, entry.size, entry.sha256, entry.segments, as_of))
-            if progress is not None:
-                progress(len(files), len(manifest.files))
+        try:
+            for entry in manifest.files:
+                try:
+                    data = src_store.get(folder + entry.path)
+                except NotFoundError:
+                    raise NotFoundError(f"data file {entry.path} of {folder.rstrip('/')} is missing from {src_store.uri}") from None
+                verify_file(entry, data)
+                path = new_data_path()
+                self.store.put_if_absent(job_prefix(new_job) + path, data)
+                renamed[entry.path] = path
+                # as_of shifted so the source's newest state is checkpoint 1 of the new job and its order of layers is kept
+                as_of = None if entry.as_of is None else entry.as_of - manifest.checkpoint_id + 1
+                files.append(DataFile(path, entry.kind, entry.kg_lo, entry.kg_hi, entry.rows, entry.size, entry.sha256, entry.segments,
+                                      as_of, entry.encoding))
+                if progress is not None:
+                    progress(len(files), len(manifest.files))
+        except BaseException:
+            self._undo_restore(new_job, list(renamed.values()), claim)
+            raise
         parts = tuple(Part(p.kg_lo, p.kg_hi, 1, 0, tuple(tuple(renamed[x] for x in layer) for layer in p.layers)) for p in manifest.parts)
         restored = Manifest(MANIFEST_FORMAT, new_job, 1, 0, self._now_ms(), manifest.operators, manifest.state_versions, parts,
                             tuple(sorted(files, key=lambda f: f.path)))
@@ -273,15 +311,22 @@ class Lifecycle:
             used = {x for layer in p.layers for x in layer}
             one = Manifest(PART_FORMAT, new_job, 1, 0, restored.created_at_ms, manifest.operators, manifest.state_versions, (p,),
                            tuple(f for f in restored.files if f.path in used))
-            self.store.put_if_absent(part_key(new_job, 1, p.kg_lo, p.kg_hi), one.to_json())
+            self.store.put_if_absent(part_key(new_job, 1, p.kg_lo, p.kg_hi, p.epoch), one.to_json())
         origin = {"restored_from": {"savepoint": savepoint} if savepoint else {"job": manifest.job, "checkpoint_id": manifest.checkpoint_id}}
         self.store.put_if_absent(metadata_key(new_job, 1), _manifest_json(restored, origin))
         return restored
 
-    # ---- pins ------------------------------------------------------------------------------------------------
+    def _undo_restore(self, new_job: str, paths: list[str], claim_etag: str) -> None:
+        """Remove what a failed restore wrote (its copies, then its claim if nobody has changed it), best effort."""
+        try:
+            for path in paths:
+                self.store.delete(job_prefix(new_job) + path)
+            if self.store.head(writers_key(new_job)).etag == claim_etag:
+                self.store.delete(writers_key(new_job))
+        except ClinkError:
+            pass  # what is left is unreferenced: GC removes the copies, and the name stays taken until deleted
 
-    def _pin_key(self, job: str, checkpoint_id: int, holder: str) -> str:
-        return f"{job_prefix(job)}pins/{checkpoint_id}/{holder}.json"
+    # ---- pins ------------------------------------------------------------------------------------------------
 
     def pin(self, job: str, checkpoint_id: int, holder: str, ttl_s: float) -> tuple[int, int]:
         """Protect a complete checkpoint (0 = latest) from retention until now + ttl_s (renewable): (checkpoint id, expiry ms)."""
@@ -291,7 +336,7 @@ class Lifecycle:
         _, manifest, _ = self.open_checkpoint(job, checkpoint_id)
         expires = self._now_ms() + int(ttl_s * 1000)
         body = {"format": PIN_FORMAT, "job": job, "checkpoint_id": manifest.checkpoint_id, "holder": holder, "expires_at_ms": expires}
-        self.store.put(self._pin_key(job, manifest.checkpoint_id, holder), json.dumps(body, sort_keys=True).encode())
+        self.store.put(pin_key(job, manifest.checkpoint_id, holder), json.dumps(body, sort_keys=True).encode())
         return manifest.checkpoint_id, expires
 
     def unpin(self, job: str, checkpoint_id: int, holder: str) -> None:
@@ -299,7 +344,7 @@ class Lifecycle:
         job, holder = self._job(job), self._name(holder, "pin holder")
         if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 1:
             raise InvalidArgumentError(f"checkpoint id {checkpoint_id!r} of a pin must be a positive integer")
-        self.store.delete(self._pin_key(job, checkpoint_id, holder))
+        self.store.delete(pin_key(job, checkpoint_id, holder))
 
     def _live_pins(self, infos: list[ObjectInfo], now_ms: int) -> tuple[set[int], list[str]]:
         """(checkpoint ids held by unexpired pins, keys of expired pins) among listed pin objects."""
@@ -321,8 +366,10 @@ class Lifecycle:
     # ---- retention -------------------------------------------------------------------------------------------
 
     def retain(self, job: str, keep_last: int | None = None, dry_run: bool = False) -> RetentionResult:
-        """Delete complete checkpoints older than the newest keep_last (unless pinned) and abandoned incomplete ones.
+        """Delete complete checkpoints older than the newest keep_last (unless pinned), and abandoned ones past the minimum age.
 
+        Kept besides: every checkpoint a current writer restored from (a rewound job builds on it). Complete checkpoints
+        a rewind left behind and incomplete ones older than the latest are deleted once older than the minimum age.
         A deletion removes _metadata first (the checkpoint vanishes atomically), then the rest of chk-N/; data files
         are left to GC. Savepoints live outside jobs/ and are never touched.
         """
@@ -336,18 +383,33 @@ class Lifecycle:
         layout = _JobLayout.of(job, listing)
         now = self._now_ms()
         held, _ = self._live_pins(layout.pins, now)
-        complete = sorted(layout.complete)
-        keep_ids = set(complete[-keep:])
+        min_age = int(self.config.gc_min_age_s * 1000)
+        reader = CheckpointReader(self.store, job, self.cache)
+        table = reader.writers()
+        current, left_behind = [], []
+        for cid in sorted(layout.complete):
+            try:
+                manifest = reader.manifest(cid, layout.metadata_etags.get(cid))
+            except NotFoundError:
+                continue  # deleted since the listing
+            (left_behind if table.abandons(cid, manifest.max_epoch) else current).append(cid)
+        # the newest keep_last of the current attempt, and every checkpoint a live writer restored from (a rewound job's base)
+        keep_ids = set(current[-keep:]) | {w.base for w in table.writers if w.base is not None}
         delete, pinned = [], []
-        for cid in complete:
+        for cid in current:
             if cid in keep_ids:
                 continue
             (pinned if cid in held else delete).append(cid)
-        latest = complete[-1] if complete else 0
-        min_age = int(self.config.gc_min_age_s * 1000)
-        for cid, objs in layout.checkpoints.items():
-            abandoned = cid not in layout.complete and cid < latest and all(now - o.last_modified_ms >= min_age for o in objs)
-            if abandoned and cid not in held:
+        old_enough = {cid: all(now - o.last_modified_ms >= min_age for o in objs) for cid, objs in layout.checkpoints.items()}
+        for cid in left_behind:  # checkpoints a rewind left behind: gone once past the minimum age (a zombie may still read them)
+            if cid in held:
+                pinned.append(cid)
+            elif old_enough[cid] and cid not in keep_ids:
+                delete.append(cid)
+        latest = current[-1] if current else 0
+        for cid in layout.checkpoints:
+            abandoned = cid not in layout.complete and cid < latest and old_enough[cid]
+            if abandoned and cid not in held and cid not in keep_ids:
                 delete.append(cid)
         delete.sort()
         if not dry_run:
@@ -381,6 +443,7 @@ class Lifecycle:
         removes it, so a reader still holding the old manifest keeps working.
         """
         job = self._job(job)
+        started = self.clock()
         reader, manifest, _ = self.open_checkpoint(job, checkpoint_id)
         key = metadata_key(job, manifest.checkpoint_id)
         raw, etag = self.store.get_with_etag(key)
@@ -399,21 +462,25 @@ class Lifecycle:
             ops = reader.operator_view(manifest)  # the checkpoint's whole operator state: a base is as of its checkpoint for every part
             table = pa.concat_tables([keyed, ops.cast(keyed.schema)]) if ops.num_rows else keyed
             encoded: EncodedFile = encode_datafile(table, changelog=False, target_segment_bytes=_fold_target(table, part.kg_hi - part.kg_lo + 1))
-            layers: tuple[tuple[str, ...], ...] = ()
-            if encoded.rows:
-                path = _new_data_path()
-                self.store.put_if_absent(job_prefix(job) + path, encoded.data)
-                written += len(encoded.data)
-                new_files[path] = encoded.entry(path, KIND_BASE, part.kg_lo, part.kg_hi, manifest.checkpoint_id)
-                layers = ((path,),)
-            new_parts.append(Part(part.kg_lo, part.kg_hi, part.epoch, part.parent_id, layers))
+            # written even when empty: the base marks the point its part was folded at (older rows, keyed or operator, are gone)
+            path = new_data_path()
+            self.store.put_if_absent(job_prefix(job) + path, encoded.data)
+            written += len(encoded.data)
+            new_files[path] = encoded.entry(path, KIND_BASE, part.kg_lo, part.kg_hi, manifest.checkpoint_id)
+            new_parts.append(Part(part.kg_lo, part.kg_hi, part.epoch, part.parent_id, ((path,),)))
             folded.append((part.kg_lo, part.kg_hi, len(part.layers)))
         used = {x for p in new_parts for layer in p.layers for x in layer}
         files = {f.path: f for f in manifest.files if f.path in used} | new_files
+        # the files no longer used stay referenced while the checkpoint exists: a commit may have copied them already
+        retired = tuple(sorted(manifest.referenced_paths - set(files)))
         compacted = Manifest(MANIFEST_FORMAT, job, manifest.checkpoint_id, manifest.parent_id, manifest.created_at_ms,
-                             manifest.operators, manifest.state_versions, tuple(new_parts), tuple(sorted(files.values(), key=lambda f: f.path)))
+                             manifest.operators, manifest.state_versions, tuple(new_parts), tuple(sorted(files.values(), key=lambda f: f.path)),
+                             retired)
+        if self.clock() - started > self.config.max_write_s:
+            raise UnavailableError(f"compaction of checkpoint {manifest.checkpoint_id} of job {job} took longer than "
+                                   f"{self.config.max_write_s:g} s; nothing was replaced (its files are left to GC)")
         try:
-            self.store.compare_and_swap(key, compacted.to_json(), etag)
+            self.store.compare_and_swap(key, _manifest_json(compacted, _extra_fields(raw)), etag)
         except (ConflictError, NotFoundError):
             raise ConflictError(f"checkpoint {manifest.checkpoint_id} of job {job} changed or was deleted while compacting; nothing was replaced") from None
         if self._on_replaced is not None:
@@ -470,7 +537,7 @@ class Lifecycle:
         recomputes everything from a fresh listing (deletes are idempotent).
         """
         scope = "" if job is None else job_prefix(self._job(job))
-        marker_key = scope + JOB_GC_MARKER if scope else GC_MARKER
+        marker_key = job_gc_marker_key(job) if scope else GC_MARKER
         result = GcResult(scope or "(whole store)", dry_run)
         now = self._now_ms()
         min_age = int(self.config.gc_min_age_s * 1000)
@@ -493,8 +560,15 @@ class Lifecycle:
                 result.resumed = {}
         candidates: list[ObjectInfo] = []
         for name, infos in sorted(by_job.items()):
-            layout = _JobLayout.of(name, infos)
-            refs = self._job_references(name, layout)
+            for _ in range(_GC_LISTING_ROUNDS):
+                layout = _JobLayout.of(name, infos)
+                refs = self._job_references(name, layout)
+                if refs is not None:
+                    break
+                infos = list(self.store.list(job_prefix(name)))  # a manifest vanished while read: judge from a fresh listing
+            if refs is None:
+                result.skipped_jobs.append(name)  # its checkpoints kept changing: nothing of it is deleted this run
+                continue
             result.referenced += len(refs)
             _, expired = self._live_pins(layout.pins, now)
             expired_set = set(expired)
@@ -547,16 +621,20 @@ class Lifecycle:
                 continue  # renamed into place or removed meanwhile
         return out
 
-    def _job_references(self, job: str, layout: _JobLayout) -> set[str]:
-        """Store keys of every data file a complete manifest or any staged part of the job names."""
+    def _job_references(self, job: str, layout: _JobLayout) -> set[str] | None:
+        """Store keys of every data file a _metadata (used or retired) or a staged part names; None if one vanished while read.
+
+        A manifest deleted between the listing and its read may have been the source a commit copied references from
+        after the listing (protocol I6), so the run cannot judge the job from this listing.
+        """
         refs: set[str] = set()
         prefix = job_prefix(job)
         for key in layout.manifest_keys:
             try:
                 m = parse_manifest(self.store.get(key), key)
             except NotFoundError:
-                continue  # deleted by retention since the listing: what it named is judged by the other manifests
-            refs.update(prefix + f.path for f in m.files)
+                return None
+            refs.update(prefix + path for path in m.referenced_paths)
         return refs
 
 
@@ -582,31 +660,32 @@ def manifest_summary(m: Manifest, with_files: bool = True) -> dict:
 
 @dataclass
 class _JobLayout:
-    """One job's objects from a listing, sorted into checkpoints, manifests/parts, pins and data files."""
+    """One job's objects from a listing, sorted into checkpoints, manifests/parts, pins and data files (store/layout.py names them)."""
 
     checkpoints: dict[int, list[ObjectInfo]]
     complete: set[int]
     manifest_keys: list[str]
     pins: list[ObjectInfo]
     data: list[ObjectInfo]
+    metadata_etags: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, job: str, infos: list[ObjectInfo]) -> _JobLayout:
-        prefix = job_prefix(job)
         out = cls({}, set(), [], [], [])
         for info in infos:
-            rest = info.key[len(prefix) :]
-            head, _, tail = rest.partition("/")
-            if head.startswith("chk-") and head[4:].isdigit():
-                cid = int(head[4:])
-                out.checkpoints.setdefault(cid, []).append(info)
-                if tail == "_metadata":
-                    out.complete.add(cid)
+            parsed = parse_job_key(info.key)
+            if parsed is None or parsed.job != job:
+                continue
+            if parsed.checkpoint_id:
+                out.checkpoints.setdefault(parsed.checkpoint_id, []).append(info)
+                if parsed.kind == "metadata":
+                    out.complete.add(parsed.checkpoint_id)
                     out.manifest_keys.append(info.key)
-                elif tail.startswith("parts/") and tail.endswith(".json"):
+                    out.metadata_etags[parsed.checkpoint_id] = info.etag
+                elif parsed.kind == "part":
                     out.manifest_keys.append(info.key)
-            elif head == "pins" and tail.endswith(".json"):
+            elif parsed.kind == "pin":
                 out.pins.append(info)
-            elif head == "data" and tail:
+            elif parsed.kind == "data":
                 out.data.append(info)
         return out

@@ -43,6 +43,8 @@ def _info(info: CheckpointInfo) -> pb.CheckpointInfo:
         num_rows=info.num_rows,
         operators=[pb.OperatorInfo(op_id=op_id, uid=uid or "") for op_id, uid in info.operators],
         state_versions=info.state_versions,
+        manifest_etag=info.manifest_etag,
+        abandoned=info.abandoned,
     )
 
 
@@ -55,6 +57,7 @@ def _commit_request(header: pb.CommitHeader) -> CommitRequest:
         epoch=header.epoch,
         state_versions=header.state_versions,
         operators=tuple((op.op_id, op.uid) for op in header.operators),
+        attempt=header.attempt,
     )
 
 
@@ -76,10 +79,11 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         self.core = core
         # lifecycle RPCs share the core's cache; a compaction makes the core forget the replaced manifest
         self.lifecycle = lifecycle or Lifecycle(core.store, lifecycle_config, cache=core.cache,
-                                                on_manifest_replaced=lambda job, cid: core.reader(job).forget(cid))
+                                                on_manifest_replaced=core.forget_manifest)
 
     def AcquireWriter(self, request: pb.AcquireWriterRequest, context: grpc.ServicerContext) -> pb.AcquireWriterResponse:
-        epoch, latest = self.core.acquire_writer(request.job, _required_range(request, "AcquireWriter"))
+        restore_from = request.restore_from if request.HasField("restore_from") else None
+        epoch, latest = self.core.acquire_writer(request.job, _required_range(request, "AcquireWriter"), restore_from)
         return pb.AcquireWriterResponse(epoch=epoch, latest_checkpoint_id=latest)
 
     def CommitCheckpoint(self, request_iterator: Iterator[pb.CommitChunk], context: grpc.ServicerContext) -> pb.CommitCheckpointResponse:
@@ -88,25 +92,28 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
             got = "an empty stream" if first is None else f"a {first.WhichOneof('part') or 'empty'} chunk"
             raise InvalidArgumentError(f"CommitCheckpoint: the first message must be the header, got {got}")
         result = self.core.commit_checkpoint(_commit_request(first.header), _delta_chunks(request_iterator))
-        return pb.CommitCheckpointResponse(checkpoint=_info(result.checkpoint), bytes_written=result.bytes_written)
+        return pb.CommitCheckpointResponse(checkpoint=_info(result.checkpoint), bytes_written=result.bytes_written, repeated=result.repeated)
 
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
-        found, value, checkpoint_id = self.core.get(request.job, request.checkpoint_id, request.op_id, request.key_bytes)
-        return pb.GetResponse(found=found, value=value, checkpoint_id=checkpoint_id)
+        manifest, etag = self.core.resolve(request.job, request.checkpoint_id, request.manifest_etag or None)
+        found, value, checkpoint_id = self.core.get(request.job, manifest.checkpoint_id, request.op_id, request.key_bytes, etag)
+        return pb.GetResponse(found=found, value=value, checkpoint_id=checkpoint_id, manifest_etag=etag)
 
     def MultiGet(self, request: pb.MultiGetRequest, context: grpc.ServicerContext) -> bytes:
         keys = list(request.keys)
         op_ids = np.array(request.op_ids, dtype=np.uint64)  # one C-level conversion, no Python int per key
         if len(op_ids) == 1 and len(keys) > 1:
             op_ids = np.full(len(keys), op_ids[0], dtype=np.uint64)  # the proto allows one op_id shared by every key
-        found, values, checkpoint_id = self.core.multi_get_arrays(request.job, request.checkpoint_id, op_ids, keys)
+        manifest, etag = self.core.resolve(request.job, request.checkpoint_id, request.manifest_etag or None)
+        found, values, checkpoint_id = self.core.multi_get_arrays(request.job, manifest.checkpoint_id, op_ids, keys, etag)
         # encoded from the arrays in bulk (see encode_multi_get_response): no Python bytes object per value
-        return encode_multi_get_response(found, values, checkpoint_id)
+        return encode_multi_get_response(found, values, checkpoint_id, etag)
 
     def ScanCheckpoint(self, request: pb.ScanCheckpointRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         key_groups = _range(request.key_groups) if request.HasField("key_groups") else None
         # each chunk already encoded as a ScanChunk message: upb would otherwise copy every MiB twice (see add_to_server)
-        chunks = self.core.scan(request.job, request.checkpoint_id, key_groups, list(request.op_ids), request.delta or None, frame=length_delimited_field_1)
+        chunks = self.core.scan(request.job, request.checkpoint_id, key_groups, list(request.op_ids), request.delta or None,
+                                frame=length_delimited_field_1, manifest_etag=request.manifest_etag or None)
         yield from chunks
 
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:
@@ -167,8 +174,8 @@ _VALUES_TAG = 0x12  # field 2 (values), wire type 2 (length-delimited)
 _MAX_RUNS = 16  # runs of equal value width encoded one 2-D block each; more go through one Arrow join
 
 
-def encode_multi_get_response(found: np.ndarray, values: pa.Array, checkpoint_id: int) -> bytes:
-    """The wire bytes of MultiGetResponse(found, values, checkpoint_id), built with numpy from the arrays.
+def encode_multi_get_response(found: np.ndarray, values: pa.Array, checkpoint_id: int, manifest_etag: str = "") -> bytes:
+    """The wire bytes of MultiGetResponse(found, values, checkpoint_id, manifest_etag), built with numpy from the arrays.
 
     Byte for byte what protobuf writes (fields in number order, found packed), without a bytes object per value.
     """
@@ -177,6 +184,9 @@ def encode_multi_get_response(found: np.ndarray, values: pa.Array, checkpoint_id
         raise ValueError(f"{len(found)} found flags for {n} values")
     head = [b"\x0a" + _varint(n) + np.asarray(found, dtype=bool).astype(np.uint8).tobytes()] if n else []
     tail = b"\x18" + _varint(checkpoint_id) if checkpoint_id else b""
+    if manifest_etag:
+        etag = manifest_etag.encode()
+        tail += b"\x22" + _varint(len(etag)) + etag  # field 4, length-delimited
     if not n:
         return b"".join(head) + tail
     offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=n + 1, offset=values.offset * 4)

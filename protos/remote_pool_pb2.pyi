@@ -23,12 +23,14 @@ class OperatorInfo(_message.Message):
     def __init__(self, op_id: _Optional[int] = ..., uid: _Optional[str] = ...) -> None: ...
 
 class AcquireWriterRequest(_message.Message):
-    __slots__ = ("job", "key_groups")
+    __slots__ = ("job", "key_groups", "restore_from")
     JOB_FIELD_NUMBER: _ClassVar[int]
     KEY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FROM_FIELD_NUMBER: _ClassVar[int]
     job: str
     key_groups: KeyGroupRange
-    def __init__(self, job: _Optional[str] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ...) -> None: ...
+    restore_from: int
+    def __init__(self, job: _Optional[str] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., restore_from: _Optional[int] = ...) -> None: ...
 
 class AcquireWriterResponse(_message.Message):
     __slots__ = ("epoch", "latest_checkpoint_id")
@@ -39,7 +41,7 @@ class AcquireWriterResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., latest_checkpoint_id: _Optional[int] = ...) -> None: ...
 
 class CommitHeader(_message.Message):
-    __slots__ = ("job", "checkpoint_id", "parent_id", "key_groups", "epoch", "state_versions", "operators")
+    __slots__ = ("job", "checkpoint_id", "parent_id", "key_groups", "epoch", "state_versions", "operators", "attempt")
     JOB_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +49,7 @@ class CommitHeader(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STATE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     OPERATORS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job: str
     checkpoint_id: int
     parent_id: int
@@ -54,7 +57,8 @@ class CommitHeader(_message.Message):
     epoch: int
     state_versions: str
     operators: _containers.RepeatedCompositeFieldContainer[OperatorInfo]
-    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., epoch: _Optional[int] = ..., state_versions: _Optional[str] = ..., operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., epoch: _Optional[int] = ..., state_versions: _Optional[str] = ..., operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class CommitChunk(_message.Message):
     __slots__ = ("header", "delta")
@@ -65,7 +69,7 @@ class CommitChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[CommitHeader, _Mapping]] = ..., delta: _Optional[bytes] = ...) -> None: ...
 
 class CheckpointInfo(_message.Message):
-    __slots__ = ("job", "checkpoint_id", "parent_id", "complete", "committed_ranges", "created_at_ms", "num_files", "total_bytes", "num_rows", "operators", "state_versions")
+    __slots__ = ("job", "checkpoint_id", "parent_id", "complete", "committed_ranges", "created_at_ms", "num_files", "total_bytes", "num_rows", "operators", "state_versions", "manifest_etag", "abandoned")
     JOB_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +81,8 @@ class CheckpointInfo(_message.Message):
     NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
     OPERATORS_FIELD_NUMBER: _ClassVar[int]
     STATE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_ETAG_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
     job: str
     checkpoint_id: int
     parent_id: int
@@ -88,73 +94,87 @@ class CheckpointInfo(_message.Message):
     num_rows: int
     operators: _containers.RepeatedCompositeFieldContainer[OperatorInfo]
     state_versions: str
-    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., complete: _Optional[bool] = ..., committed_ranges: _Optional[_Iterable[_Union[KeyGroupRange, _Mapping]]] = ..., created_at_ms: _Optional[int] = ..., num_files: _Optional[int] = ..., total_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ..., state_versions: _Optional[str] = ...) -> None: ...
+    manifest_etag: str
+    abandoned: bool
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., complete: _Optional[bool] = ..., committed_ranges: _Optional[_Iterable[_Union[KeyGroupRange, _Mapping]]] = ..., created_at_ms: _Optional[int] = ..., num_files: _Optional[int] = ..., total_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ..., state_versions: _Optional[str] = ..., manifest_etag: _Optional[str] = ..., abandoned: _Optional[bool] = ...) -> None: ...
 
 class CommitCheckpointResponse(_message.Message):
-    __slots__ = ("checkpoint", "bytes_written")
+    __slots__ = ("checkpoint", "bytes_written", "repeated")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    REPEATED_FIELD_NUMBER: _ClassVar[int]
     checkpoint: CheckpointInfo
     bytes_written: int
-    def __init__(self, checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ..., bytes_written: _Optional[int] = ...) -> None: ...
+    repeated: bool
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointInfo, _Mapping]] = ..., bytes_written: _Optional[int] = ..., repeated: _Optional[bool] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("job", "checkpoint_id", "op_id", "key_bytes")
+    __slots__ = ("job", "checkpoint_id", "op_id", "key_bytes", "manifest_etag")
     JOB_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     OP_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_ETAG_FIELD_NUMBER: _ClassVar[int]
     job: str
     checkpoint_id: int
     op_id: int
     key_bytes: bytes
-    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., op_id: _Optional[int] = ..., key_bytes: _Optional[bytes] = ...) -> None: ...
+    manifest_etag: str
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., op_id: _Optional[int] = ..., key_bytes: _Optional[bytes] = ..., manifest_etag: _Optional[str] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("found", "value", "checkpoint_id")
+    __slots__ = ("found", "value", "checkpoint_id", "manifest_etag")
     FOUND_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_ETAG_FIELD_NUMBER: _ClassVar[int]
     found: bool
     value: bytes
     checkpoint_id: int
-    def __init__(self, found: _Optional[bool] = ..., value: _Optional[bytes] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
+    manifest_etag: str
+    def __init__(self, found: _Optional[bool] = ..., value: _Optional[bytes] = ..., checkpoint_id: _Optional[int] = ..., manifest_etag: _Optional[str] = ...) -> None: ...
 
 class MultiGetRequest(_message.Message):
-    __slots__ = ("job", "checkpoint_id", "op_ids", "keys")
+    __slots__ = ("job", "checkpoint_id", "op_ids", "keys", "manifest_etag")
     JOB_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     OP_IDS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_ETAG_FIELD_NUMBER: _ClassVar[int]
     job: str
     checkpoint_id: int
     op_ids: _containers.RepeatedScalarFieldContainer[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., op_ids: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    manifest_etag: str
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., op_ids: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[bytes]] = ..., manifest_etag: _Optional[str] = ...) -> None: ...
 
 class MultiGetResponse(_message.Message):
-    __slots__ = ("found", "values", "checkpoint_id")
+    __slots__ = ("found", "values", "checkpoint_id", "manifest_etag")
     FOUND_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_ETAG_FIELD_NUMBER: _ClassVar[int]
     found: _containers.RepeatedScalarFieldContainer[bool]
     values: _containers.RepeatedScalarFieldContainer[bytes]
     checkpoint_id: int
-    def __init__(self, found: _Optional[_Iterable[bool]] = ..., values: _Optional[_Iterable[bytes]] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
+    manifest_etag: str
+    def __init__(self, found: _Optional[_Iterable[bool]] = ..., values: _Optional[_Iterable[bytes]] = ..., checkpoint_id: _Optional[int] = ..., manifest_etag: _Optional[str] = ...) -> None: ...
 
 class ScanCheckpointRequest(_message.Message):
-    __slots__ = ("job", "checkpoint_id", "key_groups", "op_ids", "delta")
+    __slots__ = ("job", "checkpoint_id", "key_groups", "op_ids", "delta", "manifest_etag")
     JOB_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_GROUPS_FIELD_NUMBER: _ClassVar[int]
     OP_IDS_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_ETAG_FIELD_NUMBER: _ClassVar[int]
     job: str
     checkpoint_id: int
     key_groups: KeyGroupRange
     op_ids: _containers.RepeatedScalarFieldContainer[int]
     delta: bytes
-    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., op_ids: _Optional[_Iterable[int]] = ..., delta: _Optional[bytes] = ...) -> None: ...
+    manifest_etag: str
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., op_ids: _Optional[_Iterable[int]] = ..., delta: _Optional[bytes] = ..., manifest_etag: _Optional[str] = ...) -> None: ...
 
 class ScanChunk(_message.Message):
     __slots__ = ("data",)

@@ -192,24 +192,44 @@ def _as_buffer(data: Bytesish | pa.NativeFile) -> pa.Buffer:
         raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from None
 
 
-def _open_reader(buffer: pa.Buffer) -> ipc.RecordBatchStreamReader:
+def _open_reader(source: pa.BufferReader) -> ipc.RecordBatchStreamReader:
     try:
-        return ipc.open_stream(pa.BufferReader(buffer))
+        return ipc.open_stream(source)
     except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
+        if _is_arrow_file(source):
+            raise CorruptSnapshotError("this is an Arrow IPC file (a stored data file?), not an Arrow IPC stream") from None
         raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from None
 
 
-def _check_end_of_stream(buffer: pa.Buffer) -> None:
-    """Refuse a stream that stops before its end-of-stream marker: Arrow would read a cut stream as fewer batches (or none)."""
+ARROW_FILE_MAGIC = b"ARROW1"
+
+
+def _is_arrow_file(source: pa.BufferReader | pa.Buffer) -> bool:
+    buffer = source if isinstance(source, pa.Buffer) else None
+    if buffer is None:
+        source.seek(0)
+        head = source.read(len(ARROW_FILE_MAGIC))
+    else:
+        head = buffer.slice(0, len(ARROW_FILE_MAGIC)).to_pybytes()
+    return head == ARROW_FILE_MAGIC
+
+
+def _check_end_of_stream(buffer: pa.Buffer, consumed: int) -> None:
+    """Refuse a stream cut before its end-of-stream marker, or with bytes after it (Arrow would read a prefix silently)."""
     legacy = buffer.size >= 4 and buffer.slice(0, 4).to_pybytes() != END_OF_STREAM[:4]
     marker = LEGACY_END_OF_STREAM if legacy else END_OF_STREAM
-    if buffer.size < len(marker) or buffer.slice(buffer.size - len(marker)).to_pybytes() != marker:
-        raise CorruptSnapshotError("stream does not end with the Arrow end-of-stream marker: it is truncated (or has bytes after the end)")
+    if consumed < len(marker) or buffer.slice(consumed - len(marker), len(marker)).to_pybytes() != marker:
+        raise CorruptSnapshotError("stream does not end with the Arrow end-of-stream marker: it is truncated")
+    if consumed != buffer.size:
+        raise CorruptSnapshotError(
+            f"{buffer.size - consumed} byte(s) after the end-of-stream marker at offset {consumed} (after the end of the stream): "
+            "streams laid end to end are not one snapshot"
+        )
 
 
-def _check_offsets(column: pa.ChunkedArray, name: str) -> None:
+def _check_offsets(column: pa.ChunkedArray | pa.Array, name: str) -> None:
     """Refuse binary offsets that decrease or point outside their data (they would make later reads return garbage or crash)."""
-    for chunk in column.chunks:
+    for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
         n = len(chunk)
         _, off_buf, data_buf = chunk.buffers()
         if n == 0:
@@ -220,26 +240,8 @@ def _check_offsets(column: pa.ChunkedArray, name: str) -> None:
             raise CorruptSnapshotError(f"{name} has damaged offsets (values outside the {data_size}-byte data buffer or decreasing)")
 
 
-def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
-    """The reference reader: check the stream is whole, its schema, nulls, offsets and metadata; return the table and what it declares."""
-    buffer = _as_buffer(data)
-    reader = _open_reader(buffer)
-    try:
-        schema = reader.schema
-        metadata = dict(schema.metadata or {})
-        schema.names  # noqa: B018 -- a damaged field name fails to decode here, not later in a caller
-    except (pa.ArrowException, ValueError) as exc:
-        raise CorruptSnapshotError(f"stream schema is damaged: {exc}") from None
-    version = parse_format_version(metadata)
-    raw_versions = metadata.get(STATE_VERSIONS_KEY)
-    state_versions = StateVersionMap.unpack(raw_versions) if raw_versions is not None else StateVersionMap()
-    is_changelog = _check_schema(schema)
-    try:
-        table = reader.read_all()
-        table.validate()  # buffer sizes; the offsets themselves are checked below
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptSnapshotError(f"stream is truncated or damaged: {exc}") from None
-    _check_end_of_stream(buffer)
+def check_rows(table: pa.Table | pa.RecordBatch, is_changelog: bool) -> None:
+    """The row-level checks every reader makes: binary offsets inside their data, no nulls, row kinds 0..2."""
     for col, name in zip(table.columns, table.column_names, strict=False):
         if pa.types.is_binary(col.type):
             _check_offsets(col, name)
@@ -249,7 +251,61 @@ def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
         largest = pc.max(table.column("row_kind")).as_py()
         if largest > ROW_ERASE:
             raise CorruptSnapshotError(f"row_kind {largest} is outside 0 (materialisation), 1 (put), 2 (erase)")
+
+
+def _snapshot_of(table: pa.Table, metadata: dict[bytes, bytes], is_changelog: bool) -> Snapshot:
+    version = parse_format_version(metadata)
+    raw_versions = metadata.get(STATE_VERSIONS_KEY)
+    state_versions = StateVersionMap.unpack(raw_versions) if raw_versions is not None else StateVersionMap()
+    check_rows(table, is_changelog)
     expected = CHANGELOG_SCHEMA if is_changelog else CANONICAL_SCHEMA
     if not table.schema.equals(expected):  # only nullability flags can differ here; re-labelling is zero-copy
         table = pa.Table.from_arrays(table.columns, schema=expected.with_metadata(metadata))
     return Snapshot(table, version, state_versions, metadata, is_changelog)
+
+
+def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
+    """The reference reader: check the stream is whole, its schema, nulls, offsets and metadata; return the table and what it declares."""
+    buffer = _as_buffer(data)
+    source = pa.BufferReader(buffer)
+    reader = _open_reader(source)
+    try:
+        schema = reader.schema
+        metadata = dict(schema.metadata or {})
+        schema.names  # noqa: B018 -- a damaged field name fails to decode here, not later in a caller
+    except (pa.ArrowException, ValueError) as exc:
+        raise CorruptSnapshotError(f"stream schema is damaged: {exc}") from None
+    parse_format_version(metadata)
+    is_changelog = _check_schema(schema)
+    try:
+        table = reader.read_all()
+        table.validate()  # buffer sizes; the offsets themselves are checked below
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CorruptSnapshotError(f"stream is truncated or damaged: {exc}") from None
+    _check_end_of_stream(buffer, source.tell())
+    return _snapshot_of(table, metadata, is_changelog)
+
+
+def read_arrow_file(data: Bytesish | pa.NativeFile) -> Snapshot:
+    """An Arrow IPC file (a stored data file: one batch per segment) read whole and checked as read_snapshot checks a stream."""
+    buffer = _as_buffer(data)
+    try:
+        reader = ipc.open_file(buffer)
+        schema = reader.schema
+        metadata = dict(schema.metadata or {})
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CorruptSnapshotError(f"not an Arrow IPC file: {exc}") from None
+    parse_format_version(metadata)
+    is_changelog = _check_schema(schema)
+    try:
+        table = reader.read_all()
+        table.validate()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CorruptSnapshotError(f"Arrow IPC file is truncated or damaged: {exc}") from None
+    return _snapshot_of(table, metadata, is_changelog)
+
+
+def read_any(data: Bytesish | pa.NativeFile) -> Snapshot:
+    """read_snapshot for a stream, read_arrow_file for an Arrow IPC file (told apart by the file's magic bytes)."""
+    buffer = _as_buffer(data)
+    return read_arrow_file(buffer) if _is_arrow_file(buffer) else read_snapshot(buffer)

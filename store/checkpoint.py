@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -32,12 +31,13 @@ from snapshot import (
     replay_changelog,
 )
 from snapshot.errors import InvalidArgumentError, NotFoundError
-from store.datafile import DataFile, Segment, decode_segment, verify_file, verify_segment
-from store.manifest import Manifest, Part, checkpoint_prefix, job_prefix, metadata_key, parse_manifest
+from store.datafile import KIND_BASE, DataFile, Segment, decode_segment, verify_file, verify_segment
+from store.layout import checkpoint_prefix, checkpoints_prefix, job_prefix, metadata_key, parse_job_key, writers_key
+from store.manifest import Manifest, Part, parse_manifest
 from store.objects import ObjectStore, coalesce_ranges
+from store.writers import EMPTY_TABLE, WriterTable, parse_writers
 
 MANIFEST_CACHE_ENTRIES = 256
-_CHK_RE = re.compile(r"^chk-([1-9][0-9]*)/(_metadata|parts/([0-9]+)-([0-9]+)\.json)$")
 
 
 class SegmentCache:
@@ -91,11 +91,33 @@ class SegmentCache:
 
 @dataclass(frozen=True)
 class CheckpointListing:
-    """What a listing of a job says about one checkpoint id."""
+    """What a listing of a job says about one checkpoint id: its _metadata's etag (None: incomplete) and its staged parts."""
 
     checkpoint_id: int
     complete: bool
     part_ranges: tuple[tuple[int, int], ...]
+    metadata_etag: str | None = None
+    part_names: tuple[tuple[str, int, int, int | None], ...] = ()  # (key, kg_lo, kg_hi, epoch from the name)
+
+
+def ordered_file_paths(paths: list[str], files: dict[str, DataFile]) -> list[str]:
+    """Paths oldest first by as_of (a base after a delta of the same checkpoint: it folds it); files without as_of first, as listed."""
+    legacy = [p for p in paths if files[p].as_of is None]
+    dated = sorted((files[p].as_of, files[p].kind == KIND_BASE, i, p) for i, p in enumerate(paths) if files[p].as_of is not None)
+    return legacy + [p for *_, p in dated]
+
+
+def ordered_layers(manifest: Manifest, part: Part) -> list[tuple[str, ...]]:
+    """A part's layers oldest first, ordered by the checkpoint each file's rows are as of, whatever order the part lists them.
+
+    Rescales join the layers of several parent parts, so list order is not time order; as_of is. Files without as_of
+    (written before it existed) keep their listed layers, before every file that has one.
+    """
+    if all(manifest.file(p).as_of is None for layer in part.layers for p in layer):
+        return list(part.layers)
+    legacy = [layer for layer in part.layers if all(manifest.file(p).as_of is None for p in layer)]
+    paths = [p for layer in part.layers for p in layer if manifest.file(p).as_of is not None]
+    return legacy + [(p,) for p in ordered_file_paths(paths, {p: manifest.file(p) for p in paths})]
 
 
 def _check_range(key_groups: tuple[int, int] | None) -> tuple[int, int]:
@@ -418,56 +440,110 @@ class CheckpointReader:
         self.cache = cache if cache is not None else SegmentCache(64 << 20)
         # after this many point-read batches on one checkpoint, its merged view gets one index (one probe, not one per layer)
         self.resolved_index_after = resolved_index_after
-        self._lookups: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._lookups: OrderedDict[str, int] = OrderedDict()
         self._building: set[tuple] = set()
-        self._manifests: OrderedDict[int, Manifest] = OrderedDict()
+        self._manifests: OrderedDict[int, tuple[Manifest, str]] = OrderedDict()
         self._bounds: dict[str, tuple[list[Segment], np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
 
     # ---- listing and manifests -------------------------------------------------------------------------------
 
     def listing(self) -> list[CheckpointListing]:
-        """Every checkpoint id with a manifest or parts, ascending (one LIST of the job prefix)."""
-        prefix = job_prefix(self.job)
-        found: dict[int, tuple[bool, list[tuple[int, int]]]] = {}
-        for info in self.store.list(prefix + "chk-"):
-            m = _CHK_RE.match(info.key[len(prefix) :])
-            if not m:
+        """Every checkpoint id with a manifest or parts, ascending (one LIST of the job's checkpoint folders)."""
+        found: dict[int, tuple[str | None, list[tuple[str, int, int, int | None]]]] = {}
+        for info in self.store.list(checkpoints_prefix(self.job)):
+            parsed = parse_job_key(info.key)
+            if parsed is None or parsed.kind not in ("metadata", "part") or parsed.job != self.job:
                 continue
-            cid = int(m.group(1))
-            complete, ranges = found.setdefault(cid, (False, []))
-            if m.group(2) == "_metadata":
-                found[cid] = (True, ranges)
+            etag, parts = found.setdefault(parsed.checkpoint_id, (None, []))
+            if parsed.kind == "metadata":
+                found[parsed.checkpoint_id] = (info.etag, parts)
             else:
-                ranges.append((int(m.group(3)), int(m.group(4))))
-        return [CheckpointListing(cid, c, tuple(sorted(r))) for cid, (c, r) in sorted(found.items())]
+                parts.append((info.key, parsed.kg_lo, parsed.kg_hi, parsed.epoch))
+        return [
+            CheckpointListing(cid, etag is not None, tuple(sorted({(lo, hi) for _, lo, hi, _ in parts})), etag, tuple(sorted(parts)))
+            for cid, (etag, parts) in sorted(found.items())
+        ]
+
+    def writers(self) -> WriterTable:
+        """The job's writers table (empty when none was ever registered: a savepoint, a copied job)."""
+        try:
+            return parse_writers(self.store.get(writers_key(self.job)), writers_key(self.job))
+        except NotFoundError:
+            return EMPTY_TABLE
+
+    def complete_checkpoints(self, listing: list[CheckpointListing] | None = None) -> list[tuple[Manifest, str, bool]]:
+        """(manifest, etag, abandoned) of every complete checkpoint, ascending; abandoned: left behind by a rewind."""
+        listing = self.listing() if listing is None else listing
+        complete = [c for c in listing if c.complete]
+        if not complete:
+            return []
+        table = self.writers()
+        out = []
+        for item in complete:
+            try:
+                manifest, etag = self.manifest_and_etag(item.checkpoint_id, item.metadata_etag)
+            except NotFoundError:
+                continue  # deleted since the listing
+            out.append((manifest, etag, table.abandons(manifest.checkpoint_id, manifest.max_epoch)))
+        return out
 
     def list_checkpoints(self) -> list[int]:
-        """Ids of complete checkpoints, ascending."""
-        return [c.checkpoint_id for c in self.listing() if c.complete]
+        """Ids of complete checkpoints that no rewind abandoned, ascending."""
+        return [m.checkpoint_id for m, _, abandoned in self.complete_checkpoints() if not abandoned]
+
+    def latest_manifest(self) -> tuple[Manifest, str] | None:
+        """The newest complete checkpoint no rewind abandoned, with its etag; None if there is none (one LIST, one GET)."""
+        listing = [c for c in self.listing() if c.complete]
+        if not listing:
+            return None
+        table = self.writers()
+        for item in reversed(listing):  # newest first: usually the first one answers
+            try:
+                manifest, etag = self.manifest_and_etag(item.checkpoint_id, item.metadata_etag)
+            except NotFoundError:
+                continue
+            if not table.abandons(manifest.checkpoint_id, manifest.max_epoch):
+                return manifest, etag
+        return None
 
     def latest(self) -> int:
-        """The newest complete checkpoint id, 0 if there is none."""
-        ids = self.list_checkpoints()
-        return ids[-1] if ids else 0
+        """The newest complete checkpoint id no rewind abandoned, 0 if there is none."""
+        found = self.latest_manifest()
+        return found[0].checkpoint_id if found else 0
 
-    def manifest(self, checkpoint_id: int) -> Manifest:
-        """The complete manifest of checkpoint N (cached: a _metadata is never rewritten); NotFoundError otherwise."""
-        with self._lock:
-            cached = self._manifests.get(checkpoint_id)
-        if cached is not None:
-            return cached
+    def manifest(self, checkpoint_id: int, etag: str | None = None) -> Manifest:
+        """The complete manifest of checkpoint N; from the cache only when ``etag`` says the cached one is current."""
+        return self.manifest_and_etag(checkpoint_id, etag)[0]
+
+    def manifest_and_etag(self, checkpoint_id: int, etag: str | None = None) -> tuple[Manifest, str]:
+        """(manifest, etag) of checkpoint N: served from the cache when ``etag`` (from a listing or a client) matches, else read.
+
+        A _metadata can be replaced (compaction, a newer attempt re-committing the id) or deleted and written again, so a
+        cached manifest is only trusted with proof that it is the current version.
+        """
+        if etag is not None:
+            with self._lock:
+                cached = self._manifests.get(checkpoint_id)
+            if cached is not None and cached[1] == etag:
+                return cached
         key = metadata_key(self.job, checkpoint_id)
         try:
-            data = self.store.get(key)
+            data, current = self.store.get_with_etag(key)
         except NotFoundError:
+            self.forget(checkpoint_id)
             raise NotFoundError(f"checkpoint {checkpoint_id} of job {self.job} not found (no complete manifest in {self.store.uri})") from None
+        with self._lock:
+            cached = self._manifests.get(checkpoint_id)
+        if cached is not None and cached[1] == current:
+            return cached
         manifest = parse_manifest(data, key)
         with self._lock:
-            self._manifests[checkpoint_id] = manifest
+            self._manifests[checkpoint_id] = (manifest, current)
+            self._manifests.move_to_end(checkpoint_id)
             while len(self._manifests) > MANIFEST_CACHE_ENTRIES:
                 self._manifests.popitem(last=False)
-        return manifest
+        return manifest, current
 
     def forget(self, checkpoint_id: int) -> None:
         """Drop a cached manifest (after a delete)."""
@@ -590,11 +666,13 @@ class CheckpointReader:
             pending.clear()
             return _overlay_pieces(pieces, _in_sequence(rest)) if rest else pieces
 
-        for layer in part.layers:
+        for layer in ordered_layers(manifest, part):
             tables = []
             for path in layer:
                 entry = manifest.file(path)
                 t = self._keyed_rows(entry, lo, hi)
+                if t is None and not entry.changelog and entry.kg_lo <= hi and lo <= entry.kg_hi:
+                    t = empty_table()  # a base without rows here still replaces what older layers hold for its key groups
                 if t is not None:
                     tables.append((entry, t))
             if not tables:
@@ -627,7 +705,7 @@ class CheckpointReader:
 
     def operator_view(self, manifest: Manifest) -> pa.Table:
         """Operator-state rows of a checkpoint: every part's view, merged by the format's rule in key-group order."""
-        cache_key = (self.store.uri, self.job, "op-view", manifest.checkpoint_id, manifest.created_at_ms)
+        cache_key = (self.store.uri, self.job, "op-view", manifest.identity)
         cached = self.cache.get(cache_key)
         if cached is not None:
             return cached
@@ -668,7 +746,7 @@ class CheckpointReader:
         lo, hi = _check_range(key_groups)
         ops = tuple(sorted(set(op_ids))) if op_ids else ()
         # checkpoints never change, so a read asked for twice is answered from the cache
-        cache_key = (self.store.uri, self.job, "table", manifest.checkpoint_id, manifest.created_at_ms, lo, hi, ops)
+        cache_key = (self.store.uri, self.job, "table", manifest.identity, lo, hi, ops)
         cached = self.cache.get(cache_key)
         if cached is not None:
             return cached
@@ -723,8 +801,7 @@ class CheckpointReader:
             vals = resolved.values.take(pa.array(pos, mask=~found))
             return found, pc.fill_null(vals, b"") if not found.all() else vals
         lead = leading_bytes(q_keys)
-        empty = pc.equal(pc.binary_length(q_keys), 0).to_numpy(zero_copy_only=False)
-        open_ = (lead < NUM_KEY_GROUPS) & ~empty  # keyed queries not yet decided by a newer layer
+        open_ = lead < NUM_KEY_GROUPS  # keyed queries not yet decided by a newer layer (an empty legacy key is key group 0)
         answered_idx: list[np.ndarray] = []
         answered_vals: list[pa.Array] = []
 
@@ -747,7 +824,7 @@ class CheckpointReader:
 
         for part in manifest.parts:
             in_part = (lead >= part.kg_lo) & (lead <= part.kg_hi)
-            for layer in reversed(part.layers):
+            for layer in reversed(ordered_layers(manifest, part)):
                 for path in layer:
                     entry = manifest.file(path)
                     inside = np.flatnonzero(open_ & in_part & (lead >= entry.kg_lo) & (lead <= entry.kg_hi))
@@ -779,14 +856,14 @@ class CheckpointReader:
 
     def _resolved_index(self, manifest: Manifest) -> KeyIndex | None:
         """The index of the checkpoint's merged view once it has been read by key often enough (and fits the cache)."""
-        key = (self.store.uri, self.job, "resolved-index", manifest.checkpoint_id, manifest.created_at_ms)
+        key = (self.store.uri, self.job, "resolved-index", manifest.identity)
         index = self.cache.get(key)
         if index is not None:
             return index
         if self.resolved_index_after < 0:
             return None
         with self._lock:
-            ident = (manifest.checkpoint_id, manifest.created_at_ms)
+            ident = manifest.identity
             count = self._lookups.pop(ident, 0) + 1
             self._lookups[ident] = count
             while len(self._lookups) > 256:
@@ -816,7 +893,7 @@ class CheckpointReader:
 
     def operator_index(self, manifest: Manifest) -> KeyIndex:
         """The (cached) hash index of a checkpoint's operator-state view."""
-        key = (self.store.uri, self.job, "op-index", manifest.checkpoint_id, manifest.created_at_ms)
+        key = (self.store.uri, self.job, "op-index", manifest.identity)
         index = self.cache.get(key)
         if index is None:
             index = KeyIndex.build(self.operator_view(manifest))

@@ -9,12 +9,26 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
-from snapshot import NUM_KEY_GROUPS, SnapshotArrowWriter, StateVersionMap, leading_bytes, read_snapshot
+from snapshot import (
+    CANONICAL_SCHEMA,
+    CHANGELOG_SCHEMA,
+    NUM_KEY_GROUPS,
+    SnapshotArrowWriter,
+    StateVersionMap,
+    check_rows,
+    leading_bytes,
+    read_snapshot,
+)
 from snapshot.errors import ChecksumMismatchError, CorruptDataError, CorruptSnapshotError, UnsupportedFormatVersionError
 
 KIND_BASE = "base"
 KIND_DELTA = "delta"
+# how a data file lays out its segments: one Arrow IPC file with one record batch per segment (any Arrow reader gets
+# every row), or (files written before it) complete Arrow IPC streams laid end to end
+ENCODING_FILE = "arrow-file"
+ENCODING_STREAMS = "arrow-streams"
 
 # a segment closes at the first key-group boundary past this size: files over ~128x this get one segment per key group
 DEFAULT_SEGMENT_TARGET_BYTES = 64 << 10
@@ -50,6 +64,7 @@ class DataFile:
     sha256: str
     segments: tuple[Segment, ...]
     as_of: int | None = None  # the checkpoint whose state the rows are (orders operator-state layers across parts); None: legacy
+    encoding: str = ENCODING_STREAMS
 
     @property
     def changelog(self) -> bool:
@@ -65,10 +80,11 @@ class EncodedFile:
     rows: int
     sha256: str
     segments: tuple[Segment, ...]
+    encoding: str = ENCODING_FILE
 
     def entry(self, path: str, kind: str, kg_lo: int, kg_hi: int, as_of: int | None = None) -> DataFile:
         """The manifest entry for these bytes stored at ``path`` (as_of: the checkpoint whose state they are)."""
-        return DataFile(path, kind, kg_lo, kg_hi, self.rows, len(self.data), self.sha256, self.segments, as_of)
+        return DataFile(path, kind, kg_lo, kg_hi, self.rows, len(self.data), self.sha256, self.segments, as_of, self.encoding)
 
 
 def sort_for_layout(table: pa.Table) -> pa.Table:
@@ -105,28 +121,36 @@ def encode_datafile(
     state_versions: StateVersionMap | None = None,
     target_segment_bytes: int = DEFAULT_SEGMENT_TARGET_BYTES,
 ) -> EncodedFile:
-    """Lay ``table`` out as segments (sorted by key) and checksum them; an empty table gives zero segments."""
+    """Lay ``table`` out as one Arrow IPC file, one record batch per segment (sorted by key), and checksum it.
+
+    A segment is exactly one batch's encapsulated message, so a ranged read decodes it alone (with the schema every
+    file of its kind shares), while the whole file opened by any Arrow reader yields every row. An empty table gives
+    a valid file with zero segments.
+    """
     table = sort_for_layout(table).combine_chunks()
     writer = SnapshotArrowWriter(state_versions, changelog=changelog)
     n = table.num_rows
-    parts: list[bytes] = []
     segments: list[Segment] = []
-    offset = 0
-    if n:
-        keys = table.column("key_bytes")
-        lead = leading_bytes(keys)
-        row_bytes = pc.binary_length(keys).to_numpy(zero_copy_only=False).astype(np.float64)
-        row_bytes += pc.binary_length(table.column("value_bytes")).to_numpy(zero_copy_only=False) + 9
-        spans = [(s, e, lo, hi, False) for s, e, lo, hi in _spans(lead, row_bytes, target_segment_bytes)]
-        op_start = int(np.searchsorted(lead, NUM_KEY_GROUPS, side="left"))
-        if op_start < n:
-            spans.append((op_start, n, 0, NUM_KEY_GROUPS - 1, True))
-        for start, end, lo, hi, is_op in spans:
-            blob = writer.write_buffer(table.slice(start, end - start)).to_pybytes()
-            segments.append(Segment(offset, len(blob), end - start, zlib.crc32(blob), lo, hi, is_op))
-            parts.append(blob)
-            offset += len(blob)
-    data = b"".join(parts)
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, writer.schema) as out:
+        if n:
+            keys = table.column("key_bytes")
+            lead = leading_bytes(keys)
+            row_bytes = pc.binary_length(keys).to_numpy(zero_copy_only=False).astype(np.float64)
+            row_bytes += pc.binary_length(table.column("value_bytes")).to_numpy(zero_copy_only=False) + 9
+            spans = [(s, e, lo, hi, False) for s, e, lo, hi in _spans(lead, row_bytes, target_segment_bytes)]
+            op_start = int(np.searchsorted(lead, NUM_KEY_GROUPS, side="left"))
+            if op_start < n:
+                spans.append((op_start, n, 0, NUM_KEY_GROUPS - 1, True))
+            for start, end, lo, hi, is_op in spans:
+                batch = writer.record_batch(table.slice(start, end - start))
+                out.write_batch(batch)
+                stop = sink.tell()
+                length = batch.serialize().size  # the message the writer just appended (the first also follows the file header)
+                segments.append(Segment(stop - length, length, end - start, 0, lo, hi, is_op))
+    data = sink.getvalue().to_pybytes()
+    view = memoryview(data)
+    segments = [Segment(g.offset, g.length, g.rows, zlib.crc32(view[g.offset : g.offset + g.length]), g.kg_lo, g.kg_hi, g.operator) for g in segments]
     return EncodedFile(data, n, hashlib.sha256(data).hexdigest(), tuple(segments))
 
 
@@ -149,8 +173,19 @@ def verify_segment(entry: DataFile, segment: Segment, data: bytes) -> None:
         raise ChecksumMismatchError(where, f"crc32 {segment.crc32:08x}", f"crc32 {actual:08x}")
 
 
-def decode_segment(entry: DataFile, segment: Segment, data: bytes) -> pa.Table:
-    """The rows of one verified segment (changelog schema for deltas, canonical for bases)."""
+def decode_segment(entry: DataFile, segment: Segment, data: bytes | pa.Buffer) -> pa.Table:
+    """The rows of one verified segment (changelog schema for deltas, canonical for bases), checked as the format reader checks."""
+    if entry.encoding == ENCODING_FILE:
+        schema = CHANGELOG_SCHEMA if entry.changelog else CANONICAL_SCHEMA
+        try:
+            batch = ipc.read_record_batch(data if isinstance(data, pa.Buffer) else pa.py_buffer(data), schema)
+            batch.validate()
+            check_rows(batch, entry.changelog)
+        except (pa.ArrowException, OSError, ValueError, CorruptSnapshotError) as exc:
+            raise CorruptDataError(f"data file {entry.path}: segment at offset {segment.offset} does not decode: {exc}") from None
+        if batch.num_rows != segment.rows:
+            raise CorruptDataError(f"data file {entry.path}: segment at offset {segment.offset} holds {batch.num_rows} rows, manifest says {segment.rows}")
+        return pa.Table.from_batches([batch])
     try:
         snap = read_snapshot(data)
     except (CorruptSnapshotError, UnsupportedFormatVersionError) as exc:

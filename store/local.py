@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ _LOCK_FILE = ".clink-lock"
 
 
 def _etag(st: os.stat_result) -> str:
-    # a put always creates a new inode, so inode+mtime+size changes whenever the object is replaced
+    # every install stamps an mtime past the previous version's (FileStore._stamp), so this never repeats for one key
     return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
 
 
@@ -104,18 +105,32 @@ class FileStore(ObjectStore):
             raise NotFoundError(f"object {key} not found in {self.uri}")
         return ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000, _etag(st))
 
-    def _write_temp(self, key: str, data: bytes) -> tuple[Path, str]:
+    def _write_temp(self, key: str, data: bytes) -> Path:
         tmp = self.root / TMP_DIR / f"{uuid.uuid4().hex}"
         try:
             with open(tmp, "xb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-                etag = _etag(os.fstat(fh.fileno()))
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise UnavailableError(f"cannot write {key} in {self.uri}: {exc}") from None
-        return tmp, etag
+        return tmp
+
+    @staticmethod
+    def _stamp(tmp: Path, path: Path) -> str:
+        """Give the new version a modification time past the old one's (called under the lock), so an etag never repeats.
+
+        An etag is inode+mtime+size; a freed inode is soon reused, and coarse clocks give equal times, so without this a
+        replace could bring back an earlier version's etag and let a stale compare-and-swap through.
+        """
+        try:
+            previous = path.stat().st_mtime_ns
+        except (FileNotFoundError, NotADirectoryError):
+            previous = 0
+        stamp = max(time.time_ns(), previous + 1)
+        os.utime(tmp, ns=(stamp, stamp))
+        return _etag(tmp.stat())
 
     def _ensure_parent(self, key: str, path: Path) -> None:
         try:
@@ -123,7 +138,8 @@ class FileStore(ObjectStore):
         except (FileExistsError, NotADirectoryError):
             raise InvalidArgumentError(f"object key {key} conflicts with an existing object on its path") from None
 
-    def _install(self, key: str, tmp: Path, path: Path, exclusive: bool) -> None:
+    def _install(self, key: str, tmp: Path, path: Path, exclusive: bool) -> str:
+        etag = self._stamp(tmp, path)
         try:
             if exclusive:
                 os.link(tmp, path)
@@ -135,15 +151,16 @@ class FileStore(ObjectStore):
             raise InvalidArgumentError(f"object key {key} names a directory of other objects") from None
         except OSError as exc:
             raise UnavailableError(f"cannot write {key} in {self.uri}: {exc}") from None
+        return etag
 
     def put(self, key: str, data: bytes) -> str:
         """Write atomically (temp file + rename); returns the etag."""
         path = self._path(key)
-        tmp, etag = self._write_temp(key, data)
+        tmp = self._write_temp(key, data)
         try:
             self._ensure_parent(key, path)
             with self._locked():
-                self._install(key, tmp, path, exclusive=False)
+                etag = self._install(key, tmp, path, exclusive=False)
         finally:
             tmp.unlink(missing_ok=True)
         self.counters.count("put", written=len(data))
@@ -159,12 +176,12 @@ class FileStore(ObjectStore):
 
     def _conditional(self, key: str, data: bytes, expected_etag: str | None, op: str) -> str:
         path = self._path(key)
-        tmp, etag = self._write_temp(key, data)
+        tmp = self._write_temp(key, data)
         try:
             self._ensure_parent(key, path)
             with self._locked():
                 if expected_etag is None:
-                    self._install(key, tmp, path, exclusive=True)
+                    etag = self._install(key, tmp, path, exclusive=True)
                 else:
                     try:
                         current = _etag(path.stat()) if path.is_file() else None
@@ -174,7 +191,7 @@ class FileStore(ObjectStore):
                         raise ConflictError(f"object {key} does not exist in {self.uri} (expected etag {expected_etag})")
                     if current != expected_etag:
                         raise ConflictError(f"object {key} in {self.uri} changed (etag {current}, expected {expected_etag})")
-                    self._install(key, tmp, path, exclusive=False)
+                    etag = self._install(key, tmp, path, exclusive=False)
         finally:
             tmp.unlink(missing_ok=True)
             self.counters.count(op, written=len(data))

@@ -2,44 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from snapshot import NUM_KEY_GROUPS, StateVersionMap
 from snapshot.errors import CorruptDataError, CorruptSnapshotError, InvalidArgumentError
-from store.datafile import KIND_BASE, KIND_DELTA, DataFile, Segment
+from store.datafile import ENCODING_FILE, ENCODING_STREAMS, KIND_BASE, KIND_DELTA, DataFile, Segment
+from store.layout import checkpoint_prefix, job_prefix, metadata_key, part_key, writers_key
 from store.objects import validate_key
+
+__all__ = [
+    "MANIFEST_FORMAT", "MANIFEST_VERSION", "PART_FORMAT", "Manifest", "Part", "checkpoint_prefix", "job_prefix",
+    "metadata_key", "parse_manifest", "part_key", "tiles", "writers_key",
+]
 
 MANIFEST_FORMAT = "clink.checkpoint-manifest"
 PART_FORMAT = "clink.checkpoint-part"
-MANIFEST_VERSION = 1
+# 2: data files may be Arrow IPC files ("encoding"); parts are named by range and epoch. Version 1 still reads.
+MANIFEST_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 _U64 = (1 << 64) - 1
-
-
-def job_prefix(job: str) -> str:
-    """Store key of a job's folder (with trailing '/')."""
-    return f"jobs/{job}/"
-
-
-def writers_key(job: str) -> str:
-    """Store key of a job's fencing epochs."""
-    return f"jobs/{job}/writers"
-
-
-def checkpoint_prefix(job: str, checkpoint_id: int) -> str:
-    """Store key prefix of checkpoint N (with trailing '/')."""
-    return f"jobs/{job}/chk-{checkpoint_id}/"
-
-
-def metadata_key(job: str, checkpoint_id: int) -> str:
-    """Store key of the complete manifest: its existence is the commit."""
-    return f"jobs/{job}/chk-{checkpoint_id}/_metadata"
-
-
-def part_key(job: str, checkpoint_id: int, kg_lo: int, kg_hi: int) -> str:
-    """Store key of one subtask's contribution to checkpoint N."""
-    return f"jobs/{job}/chk-{checkpoint_id}/parts/{kg_lo}-{kg_hi}.json"
 
 
 @dataclass(frozen=True)
@@ -70,10 +55,32 @@ class Manifest:
     state_versions: str
     parts: tuple[Part, ...]
     files: tuple[DataFile, ...]
+    # files a replaced version of this _metadata used that this one does not: still referenced (for GC) while the
+    # checkpoint exists, so a commit that read the earlier version never names a deleted file
+    retired: tuple[str, ...] = ()
     _by_path: dict[str, DataFile] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_path", {f.path: f for f in self.files})
+
+    @cached_property
+    def identity(self) -> str:
+        """A digest of the manifest's content: equal for equal manifests, different whenever a version differs."""
+        return hashlib.sha256(self.to_json()).hexdigest()[:32]
+
+    @property
+    def max_epoch(self) -> int:
+        """The newest epoch among the parts (which attempt completed the checkpoint)."""
+        return max((p.epoch for p in self.parts), default=0)
+
+    def part_for(self, kg_lo: int, kg_hi: int, epoch: int) -> Part | None:
+        """The part of exactly this range and epoch, if the manifest has it."""
+        return next((p for p in self.parts if (p.kg_lo, p.kg_hi, p.epoch) == (kg_lo, kg_hi, epoch)), None)
+
+    @property
+    def referenced_paths(self) -> set[str]:
+        """Every data file path this manifest keeps alive: the files it uses and the ones it retired."""
+        return {f.path for f in self.files} | set(self.retired)
 
     @property
     def complete(self) -> bool:
@@ -106,8 +113,10 @@ def _segment_dict(s: Segment) -> dict[str, Any]:
 
 def _file_dict(f: DataFile) -> dict[str, Any]:
     as_of: dict[str, Any] = {} if f.as_of is None else {"as_of": f.as_of}
+    encoding: dict[str, Any] = {} if f.encoding == ENCODING_STREAMS else {"encoding": f.encoding}
     return {
         **as_of,
+        **encoding,
         "path": f.path,
         "kind": f.kind,
         "kg_lo": f.kg_lo,
@@ -120,7 +129,9 @@ def _file_dict(f: DataFile) -> dict[str, Any]:
 
 
 def _manifest_dict(m: Manifest) -> dict[str, Any]:
+    retired: dict[str, Any] = {"retired": sorted(m.retired)} if m.retired else {}
     return {
+        **retired,
         "format": m.format,
         "version": MANIFEST_VERSION,
         "job": m.job,
@@ -220,7 +231,10 @@ def _parse_file(p: _Parser, raw: Any, where: str) -> DataFile:
     if sum(s.rows for s in segments) != rows:
         raise p.fail(f"{where}: segment rows add up to {sum(s.rows for s in segments)}, file says {rows}")
     as_of = p.int_(d, "as_of", where, -(1 << 63), (1 << 63) - 1) if "as_of" in d else None  # absent in manifests written before it
-    return DataFile(path, kind, lo, hi, rows, size, sha, segments, as_of)
+    encoding = p.str_(d, "encoding", where) if "encoding" in d else ENCODING_STREAMS
+    if encoding not in (ENCODING_FILE, ENCODING_STREAMS):
+        raise p.fail(f"{where}.encoding = {encoding!r} must be {ENCODING_FILE!r} or {ENCODING_STREAMS!r}")
+    return DataFile(path, kind, lo, hi, rows, size, sha, segments, as_of, encoding)
 
 
 def parse_manifest(data: bytes, name: str) -> Manifest:
@@ -235,8 +249,8 @@ def parse_manifest(data: bytes, name: str) -> Manifest:
     if fmt not in (MANIFEST_FORMAT, PART_FORMAT):
         raise p.fail(f"format {fmt!r} is not {MANIFEST_FORMAT!r} or {PART_FORMAT!r}")
     version = p.int_(d, "version", "top")
-    if version != MANIFEST_VERSION:
-        raise p.fail(f"version {version} is not supported (this reader knows {MANIFEST_VERSION})")
+    if version not in _READABLE_VERSIONS:
+        raise p.fail(f"version {version} is not supported (this reader knows up to {MANIFEST_VERSION})")
     job = p.str_(d, "job", "top")
     checkpoint_id = p.int_(d, "checkpoint_id", "top", 1)
     parent_id = p.int_(d, "parent_id", "top", 0, checkpoint_id - 1)
@@ -270,6 +284,7 @@ def parse_manifest(data: bytes, name: str) -> Manifest:
                 raise p.fail(f"{where}.layers[{j}] names {missing[0]}, which files does not describe")
             layers.append(paths)
         parts.append(Part(lo, hi, p.int_(pd, "epoch", where, 1), p.int_(pd, "parent_id", where, 0, checkpoint_id - 1), tuple(layers)))
+    retired = tuple(p.path(x, f"retired[{i}]") for i, x in enumerate(p.list_(d, "retired", "top"))) if "retired" in d else ()
     parts.sort(key=lambda x: x.kg_lo)
     for a, b in zip(parts, parts[1:], strict=False):
         if b.kg_lo <= a.kg_hi:
@@ -278,7 +293,7 @@ def parse_manifest(data: bytes, name: str) -> Manifest:
         raise p.fail(f"a part file must hold exactly one part, found {len(parts)}")
     if fmt == MANIFEST_FORMAT and not tiles(parts):
         raise p.fail("parts do not tile key groups 0..127")
-    return Manifest(fmt, job, checkpoint_id, parent_id, created, tuple(operators), state_versions, tuple(parts), files)
+    return Manifest(fmt, job, checkpoint_id, parent_id, created, tuple(operators), state_versions, tuple(parts), files, retired)
 
 
 def tiles(parts: list[Part] | tuple[Part, ...]) -> bool:

@@ -11,12 +11,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
+from store.layout import IMMUTABLE_KEY_PATTERN
 from store.objects import ObjectInfo, ObjectStore
 
 T = TypeVar("T")
-
-# data files are written once under a fresh uuid name, so repeating their put cannot overwrite anyone else's bytes
-IMMUTABLE_KEY_PATTERN = r"(^|/)data/[^/]+\.arrow$"
 
 
 def full_jitter_backoff(attempt: int, rng: random.Random, initial_s: float, cap_s: float, multiplier: float) -> float:

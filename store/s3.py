@@ -152,10 +152,33 @@ class S3Store(ObjectStore):
         full = self._full(key)
         try:
             with self._errors(key):
-                resp = self._client.put_object(Bucket=self.bucket, Key=full, Body=bytes(data), **conditions)
+                try:
+                    resp = self._client.put_object(Bucket=self.bucket, Key=full, Body=bytes(data), **conditions)
+                except bex.ClientError as exc:
+                    etag = self._landed_before_sdk_retry(key, data, exc) if conditions else None
+                    if etag is None:
+                        raise
+                    return etag
         finally:
             self.counters.count(op, written=len(data))
         return _strip(resp["ETag"])
+
+    def _landed_before_sdk_retry(self, key: str, data: bytes, exc: bex.ClientError) -> str | None:
+        """The etag of our own earlier attempt when the SDK's retry of a conditional PUT failed its condition, else None.
+
+        boto3 repeats a PUT whose reply was lost; the repeat of an If-None-Match / If-Match PUT that landed then fails
+        its condition (412), which is not a conflict: the object is read back, and holding exactly our bytes it is ours.
+        """
+        meta = exc.response.get("ResponseMetadata", {})
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = str(meta.get("HTTPStatusCode", ""))
+        if not meta.get("RetryAttempts") or not (code in _CONFLICT or status in ("409", "412")):
+            return None
+        try:
+            current, etag = self.get_with_etag(key)
+        except NotFoundError:
+            return None
+        return etag if current == bytes(data) else None
 
     def put(self, key: str, data: bytes) -> str:
         """One PUT (S3 objects appear atomically); returns the etag."""

@@ -5,16 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from snapshot.errors import NotFoundError, PermissionDeniedError
-from store.manifest import job_prefix, metadata_key
+from store.layout import SAVEPOINT_MANIFEST, SAVEPOINTS, job_prefix, metadata_key, savepoint_prefix
 from store.objects import ObjectInfo, ObjectStore
 
-SAVEPOINTS = "savepoints/"
-SAVEPOINT_MANIFEST = "_metadata"
-
-
-def savepoint_prefix(name: str) -> str:
-    """Store folder of a savepoint (trailing '/')."""
-    return f"{SAVEPOINTS}{name}/"
+__all__ = ["SAVEPOINTS", "SAVEPOINT_MANIFEST", "SavepointView", "savepoint_prefix"]
 
 
 class SavepointView(ObjectStore):

@@ -161,32 +161,25 @@ def test_check_names_a_missing_file(two_checkpoints, s3_config, s3_env) -> None:
     assert "missing" in fails[0]["detail"]
 
 
-def _restamp(blob: bytes, version: str) -> bytes:
-    """The same stream with clink.format_version replaced."""
-    reader = ipc.open_stream(blob)
-    table = reader.read_all()
-    meta = dict(reader.schema.metadata or {})
-    meta[b"clink.format_version"] = version.encode()
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, table.schema.with_metadata(meta)) as w:
-        for batch in table.to_batches():
-            w.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
 def test_check_names_a_file_with_a_future_format_version(two_checkpoints, s3_config, s3_env) -> None:
     store, _, _ = two_checkpoints
     doc = _manifest(store, 2)
     entry = doc["files"][-1]
     old = store.get(job_prefix(JOB) + entry["path"])
-    # rewrite every segment with format version 2 and make the manifest's checksums match, so only the version is wrong
-    parts, offset = [], 0
+    assert entry["encoding"] == "arrow-file"
+    # rewrite the Arrow IPC file with format version 2 and make the manifest's checksums match, so only the version is wrong
+    reader = ipc.open_file(pa.py_buffer(old))
+    meta = {**(reader.schema.metadata or {}), b"clink.format_version": b"2"}
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, reader.schema.with_metadata(meta)) as w:
+        for i, seg in enumerate(entry["segments"]):
+            batch = reader.get_batch(i)
+            w.write_batch(batch)
+            length = batch.serialize().size
+            seg.update(offset=sink.tell() - length, length=length)
+    new = sink.getvalue().to_pybytes()
     for seg in entry["segments"]:
-        blob = _restamp(old[seg["offset"] : seg["offset"] + seg["length"]], "2")
-        seg.update(offset=offset, length=len(blob), crc32=zlib.crc32(blob))
-        parts.append(blob)
-        offset += len(blob)
-    new = b"".join(parts)
+        seg.update(crc32=zlib.crc32(new[seg["offset"] : seg["offset"] + seg["length"]]))
     entry.update(size=len(new), sha256=hashlib.sha256(new).hexdigest())
     store.put(job_prefix(JOB) + entry["path"], new)
     _put_manifest(store, 2, doc)

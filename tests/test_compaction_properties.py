@@ -28,7 +28,7 @@ def rows_for(rng: random.Random, kg: KeyGroupRange, n: int, step: int) -> list:
     out = []
     for j in range(n):
         op = OP_IDS[rng.choice(list(OP_IDS))]
-        key = op_key(f"o{rng.randint(0, 4)}") if rng.random() < 0.15 else keyed(rng.choice(inside))
+        key = op_key(f"o{rng.randint(0, 4)}") if rng.random() < 0.15 or not inside else keyed(rng.choice(inside))
         if rng.random() < 0.25:
             out.append((s.ROW_ERASE, op, key, b""))
         else:

@@ -150,7 +150,7 @@ def test_concurrent_writer_acquisition_gives_distinct_epochs(store):
         t.join(timeout=60)
     assert sorted(got) == list(range(1, 7))
     writers, _ = core.fencing.read("j")
-    assert sorted(e for _, e in writers.writers) == list(range(1, 7))  # no acquisition lost a disjoint writer
+    assert sorted(w.epoch for w in writers.writers) == list(range(1, 7))  # no acquisition lost a disjoint writer
 
 
 def _data_files(store, job: str) -> list[str]:
@@ -367,14 +367,20 @@ def test_a_repeated_identical_commit_is_answered_again(store):
     rows = [_put("a", b"1"), _put("b", b"2")]
     first = commit(core, "j", 1, 0, FULL, epoch, rows)
     before = _keys(store)
-    again = commit(core, "j", 1, 0, FULL, epoch, rows)
-    assert again.bytes_written == 0 and again.checkpoint == first.checkpoint
+    retry = CommitRequest("j", 1, 0, FULL, epoch, "", OPERATOR_PAIRS, attempt=1)  # a client's retry says so: nothing is uploaded
+    again = core.commit_checkpoint(retry, [changelog(rows)])
+    assert again.bytes_written == 0 and again.repeated and again.checkpoint == first.checkpoint
     assert _keys(store) == before
+    blind = commit(core, "j", 1, 0, FULL, epoch, rows)  # a repeat that does not say so: same answer (its upload is garbage)
+    assert blind.repeated and blind.bytes_written == 0 and blind.checkpoint == first.checkpoint
     with pytest.raises(ConflictError):
         commit(core, "j", 1, 0, FULL, epoch, [_put("a", b"other")])
     newer, _ = core.acquire_writer("j", FULL)
-    with pytest.raises((ConflictError, FencedError)):
-        commit(core, "j", 1, 0, FULL, newer, rows)  # another writer cannot claim the same checkpoint
+    # a newer attempt re-committing the id replaces the older attempt's checkpoint (protocol I3); the older writer is fenced
+    assert commit(core, "j", 1, 0, FULL, newer, [_put("a", b"newer")]).checkpoint.complete
+    assert core.get("j", 1, SRC, keyed("a")) == (True, b"newer", 1)
+    with pytest.raises(FencedError):
+        commit(core, "j", 2, 1, FULL, epoch, rows)
 
 
 def test_truncated_data_file_is_reported_naming_the_file(store):

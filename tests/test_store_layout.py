@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -43,12 +44,14 @@ def test_big_file_gets_one_segment_per_key_group_and_tiny_delta_few():
     assert [g.kg_lo for g in keyed_segs] == list(range(128))
     assert sum(1 for g in big.segments if g.operator) == 1
     assert sum(g.rows for g in big.segments) == big.rows == 20_005
-    assert big.segments[-1].offset + big.segments[-1].length == len(big.data)  # segments laid end to end
+    ends = [g.offset + g.length for g in big.segments]
+    assert [g.offset for g in big.segments[1:]] == ends[:-1] and ends[-1] < len(big.data)  # batches end to end, then the footer
+    assert ipc.open_file(pa.py_buffer(big.data)).read_all().num_rows == big.rows  # any Arrow reader gets every row
     tiny = encode_datafile(_table(10), changelog=True)
     assert len(tiny.segments) == 2  # one keyed span, one operator-state segment
     assert tiny.segments[0].kg_lo <= tiny.segments[0].kg_hi
     empty = encode_datafile(_table(0, with_ops=False), changelog=True)
-    assert empty.segments == () and empty.data == b""
+    assert empty.segments == () and ipc.open_file(pa.py_buffer(empty.data)).read_all().num_rows == 0
 
 
 def test_each_segment_is_a_sorted_stream_of_its_key_groups():
@@ -126,7 +129,12 @@ def test_cache_serves_repeated_reads(committed):
     reader.read_table(1, key_groups=(0, 7))
     store.counters.reset()
     reader.read_table(1, key_groups=(0, 7))
-    assert store.counters.bytes_read == 0 and reader.cache.hits > 0
+    # only the _metadata is read again (to be sure it is the current version); no data file
+    assert store.counters.snapshot()["requests"] == {"get": 1} and reader.cache.hits > 0
+    _, etag = store.get_with_etag("jobs/j/chk-1/_metadata")
+    store.counters.reset()
+    reader.read_manifest_table(reader.manifest(1, etag), (0, 7))  # with the etag known current: nothing is read
+    assert store.counters.total_requests == 0
 
 
 def test_cache_is_bounded():

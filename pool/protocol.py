@@ -1,0 +1,407 @@
+"""The commit protocol: staging parts, completing checkpoints, fencing and rewinds, over one ObjectStore.
+
+Invariants (each argued in docs/protocol.md and checked by tests/test_protocol_*.py and the simulation, tests/sim/):
+
+I1 Completion. Checkpoint N is complete exactly when jobs/<job>/chk-N/_metadata exists. Only `complete()` writes it,
+   from parts that were listed *before* the writers table was read, whose (range, epoch) that table holds, that tile key
+   groups 0..127, and whose parents still hold every file the parts carried from them.
+I2 Fencing. A part counts only while its writer's epoch owns exactly its range (epochs only grow, so once fenced never
+   again). A commit learns its outcome from a writers table read *after* its part was written: if its epoch no longer
+   holds, its part can never count and the commit raises FencedError. Nothing a fenced writer sends is ever visible.
+I3 Attempts. Every restore takes a fresh epoch and records the checkpoint it restored from (its base). Parts are named
+   by range *and* epoch, so a part of an older attempt neither counts nor blocks its successor's name. When a newer
+   attempt's valid parts tile a checkpoint id whose _metadata an older attempt wrote, the newer replaces it (compare-and-
+   swap, after re-reading the writers table). A complete checkpoint after some writer's base that only older epochs made
+   is *abandoned*: never latest, never kept by retention as recent.
+I4 Layers. A part lists its files oldest first by as_of (the checkpoint whose state a file holds); readers order by
+   as_of too, never by the order in which a rescale joined parent parts. A base replaces every older row of the key
+   groups it covers, even when it holds none (so an empty fold still marks its compaction point).
+I5 Current manifests. A cached manifest is used only with proof that it is the current version: the etag from a
+   listing, or a client's token matching; otherwise it is read. A commit reads its parent fresh.
+I6 References. Every reference to a data file is copied from a source (parent manifest, own parent part) that is
+   checked to still hold it *after* the referencing object is written; a replaced _metadata keeps the files its previous
+   version used as `retired`. GC deletes a file only when no manifest or part it listed (and read in full) names it and
+   it is older than the minimum age; a commit that took longer than max_commit_s publishes nothing.
+I7 Idempotence. A repeated commit (same checkpoint, range, epoch and delta bytes) finishes as the first did, whatever
+   happened to the parent in between; a different delta under the same name is a ConflictError.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from pool.domain import CheckpointInfo, CommitResult, KeyGroupRange, PoolConfig
+from pool.writers import Fencing, fenced_error
+from snapshot import StateVersionMap
+from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
+from store.checkpoint import CheckpointListing, CheckpointReader, ordered_file_paths
+from store.datafile import KIND_BASE, KIND_DELTA, DataFile, encode_datafile
+from store.layout import job_prefix, metadata_key, new_data_path, parse_job_key, part_key, parts_prefix
+from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, parse_manifest, tiles
+from store.objects import ObjectStore
+from store.writers import WriterTable
+
+# a re-completion racing compactions or other completers gives up after this many compare-and-swap rounds
+_PUBLISH_ROUNDS = 8
+
+
+@dataclass(frozen=True)
+class ParentSource:
+    """Where a commit copied its carried layers from: the parent's _metadata or this writer's own part of the parent."""
+
+    manifest: Manifest
+    key: str
+    etag: str
+    from_part: bool
+
+
+@dataclass(frozen=True)
+class StagedName:
+    """A staged part as its name says: store key, range and epoch (None for parts named before names carried it)."""
+
+    key: str
+    kg_lo: int
+    kg_hi: int
+    epoch: int | None
+
+
+def merge_versions(packed: Iterable[str]) -> str:
+    """Union of state-version maps; on a disagreement the higher version wins."""
+    merged: dict[tuple[int, str], int] = {}
+    for text in packed:
+        for op, st, v in StateVersionMap.unpack(text).entries():
+            merged[(op, st)] = max(v, merged.get((op, st), 0))
+    return StateVersionMap(merged).pack()
+
+
+def own_delta(part: Manifest) -> DataFile | None:
+    """The delta a part's own commit wrote (as_of = its checkpoint), None for an empty delta."""
+    for f in part.files:
+        if f.kind == KIND_DELTA and f.as_of == part.checkpoint_id:
+            return f
+    return None
+
+
+def carried_paths(part: Manifest) -> set[str]:
+    """Paths a part carried from its parent (every file but its own delta)."""
+    mine = own_delta(part)
+    return {f.path for f in part.files if mine is None or f.path != mine.path}
+
+
+def info_of(job: str, m: Manifest, etag: str = "", abandoned: bool = False) -> CheckpointInfo:
+    """A complete manifest as CheckpointInfo."""
+    return CheckpointInfo(
+        job=job,
+        checkpoint_id=m.checkpoint_id,
+        parent_id=m.parent_id,
+        complete=m.complete,
+        committed_ranges=tuple(KeyGroupRange(p.kg_lo, p.kg_hi) for p in m.parts),
+        created_at_ms=m.created_at_ms,
+        num_files=len(m.files),
+        total_bytes=m.total_bytes,
+        num_rows=m.total_rows,
+        operators=m.operators,
+        state_versions=m.state_versions,
+        manifest_etag=etag,
+        abandoned=abandoned,
+    )
+
+
+def incomplete_info(job: str, checkpoint_id: int, ranges: Iterable[tuple[int, int]], parts: list[Manifest]) -> CheckpointInfo:
+    """An in-flight checkpoint: the ranges staged by current writers; files, bytes and rows of the parts given."""
+    files = {f.path: f for p in parts for f in p.files}
+    ops = {o: u for p in parts for o, u in p.operators}
+    return CheckpointInfo(
+        job=job,
+        checkpoint_id=checkpoint_id,
+        parent_id=max((p.parent_id for p in parts), default=0),
+        complete=False,
+        committed_ranges=tuple(KeyGroupRange(lo, hi) for lo, hi in sorted(set(ranges))),
+        created_at_ms=max((p.created_at_ms for p in parts), default=0),
+        num_files=len(files),
+        total_bytes=sum(f.size for f in files.values()),
+        num_rows=sum(f.rows for f in files.values()),
+        operators=tuple(sorted(ops.items())),
+        state_versions=merge_versions(p.state_versions for p in parts),
+    )
+
+
+def carried_layers(parent: Manifest | None, kg: KeyGroupRange) -> tuple[list[tuple[str, ...]], dict[str, DataFile]]:
+    """The parent's files that matter to this range (keyed segments in it, operator state, bases over it), oldest first.
+
+    Each file is named once however many parent parts list it, and the order is by as_of (I4), not by parent part.
+    """
+    if parent is None:
+        return [], {}
+    files: dict[str, DataFile] = {}
+    listed: list[str] = []
+    for part in parent.parts:
+        if not part.overlaps(kg.lo, kg.hi):
+            continue
+        for layer in part.layers:
+            for path in layer:
+                entry = parent.file(path)
+                covers = entry.kind == KIND_BASE and entry.kg_lo <= kg.hi and kg.lo <= entry.kg_hi
+                useful = covers or any(s.operator or s.overlaps(kg.lo, kg.hi) for s in entry.segments)
+                if useful and path not in files:
+                    files[path] = entry
+                    listed.append(path)
+    return [(p,) for p in ordered_file_paths(listed, files)], files
+
+
+class CommitProtocol:
+    """Commits and completes checkpoints of any job in one store; stateless but for the readers' caches it is given."""
+
+    def __init__(self, store: ObjectStore, fencing: Fencing, reader: Callable[[str], CheckpointReader], config: PoolConfig,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.fencing = fencing
+        self.reader = reader
+        self.config = config
+        self.clock = clock
+
+    # ---- writers ----------------------------------------------------------------------------------------------
+
+    def acquire(self, job: str, key_groups: KeyGroupRange, base: int | None) -> int:
+        """A fresh epoch for the range (I2, I3): overlapping writers are fenced; ``base`` is the checkpoint restored from."""
+        if base is not None and (isinstance(base, bool) or not isinstance(base, int) or base < 0):
+            raise InvalidArgumentError(f"restore point {base!r} must be a checkpoint id (>= 0) or None")
+        return self.fencing.acquire(job, key_groups, base)
+
+    # ---- commits ----------------------------------------------------------------------------------------------
+
+    def commit(self, job: str, cid: int, pid: int, kg: KeyGroupRange, epoch: int, delta: pa.Table,
+               operators: tuple[tuple[int, str], ...], versions: str, retry: bool = False) -> CommitResult:
+        """Stage this writer's part of checkpoint ``cid`` and complete the checkpoint if the parts now tile (I1..I7).
+
+        ``retry``: the client repeats a commit whose reply it lost; the part an earlier attempt staged is looked for
+        first, so a repeat uploads nothing.
+        """
+        started = self.clock()
+        key = part_key(job, cid, kg.lo, kg.hi, epoch)
+        encoded = encode_datafile(delta, changelog=True, target_segment_bytes=self.config.segment_target_bytes) if delta.num_rows else None
+        delta_sha = encoded.sha256 if encoded else None
+        part = self._repeat(job, key, kg, cid, delta_sha, missing_ok=True) if retry else None
+        repeated = part is not None
+        source = None
+        written = 0
+        if part is None:
+            source = self._parent_source(job, pid, kg, epoch) if pid else None
+            layers, files = carried_layers(source.manifest if source else None, kg)
+            if encoded is not None:
+                path = new_data_path()
+                self.store.put_if_absent(job_prefix(job) + path, encoded.data)  # immutable, unreferenced until a part names it
+                written += len(encoded.data)
+                files[path] = encoded.entry(path, KIND_DELTA, kg.lo, kg.hi, cid)
+                layers.append((path,))
+            if self.clock() - started > self.config.max_commit_s:  # I6: GC's minimum age only protects a commit this long
+                raise UnavailableError(f"commit of checkpoint {cid} key groups {kg} of job {job} took longer than "
+                                       f"{self.config.max_commit_s:g} s; nothing was published, retry")
+            part = Manifest(PART_FORMAT, job, cid, pid, int(self.clock() * 1000), operators, versions,
+                            (Part(kg.lo, kg.hi, epoch, pid, tuple(layers)),), tuple(files.values()))
+            blob = part.to_json()
+            try:
+                self.store.put_if_absent(key, blob)
+                written += len(blob)
+            except ConflictError:
+                part = self._repeat(job, key, kg, cid, delta_sha)
+                repeated, written = True, 0  # what this attempt uploaded is garbage (GC): the earlier attempt's part stands
+        listing = self._listing(job, cid)
+        table, _ = self.fencing.read(job)  # read after the part landed and after the listing (I1, I2)
+        if not table.holds(kg.lo, kg.hi, epoch):
+            if not repeated:
+                self.store.delete(key)  # it can never count (I2): nothing of this commit stays visible, even staged
+            raise fenced_error(job, kg, epoch, table)
+        if source is not None and not self._source_holds(source, part):
+            if not repeated:
+                self.store.delete(key)
+            raise NotFoundError(f"parent checkpoint {pid} of job {job} was deleted or replaced while checkpoint {cid} was committed; "
+                                "nothing was published: restore from a complete checkpoint")
+        manifest = self.complete(job, cid, listing, table)
+        if manifest is not None and manifest.part_for(kg.lo, kg.hi, epoch) is not None:
+            return CommitResult(info_of(job, manifest), written, repeated)
+        if manifest is not None:  # completed without this part: the writer was fenced before the checkpoint completed
+            raise fenced_error(job, kg, epoch, self.fencing.read(job)[0])
+        ranges = [(n.kg_lo, n.kg_hi) for n in listing if table.holds(n.kg_lo, n.kg_hi, n.epoch)]
+        return CommitResult(incomplete_info(job, cid, ranges, [part]), written, repeated)
+
+    def _parent_source(self, job: str, pid: int, kg: KeyGroupRange, epoch: int) -> ParentSource:
+        """The parent's _metadata, unless this writer staged its own part of the parent and the _metadata is not built on it."""
+        meta = metadata_key(job, pid)
+        own = part_key(job, pid, kg.lo, kg.hi, epoch)
+        try:
+            manifest, etag = self.reader(job).manifest_and_etag(pid)
+        except NotFoundError:
+            manifest = None
+        if manifest is not None and manifest.part_for(kg.lo, kg.hi, epoch) is not None:
+            return ParentSource(manifest, meta, etag, False)  # complete with this writer's own part (maybe compacted since)
+        try:
+            data, part_etag = self.store.get_with_etag(own)
+            return ParentSource(parse_manifest(data, own), own, part_etag, True)
+        except NotFoundError:
+            pass
+        if manifest is not None:
+            return ParentSource(manifest, meta, etag, False)  # restored from it
+        raise NotFoundError(f"parent checkpoint {pid} of job {job} not found (neither complete nor staged by this writer for key groups {kg})")
+
+    def _repeat(self, job: str, key: str, kg: KeyGroupRange, cid: int, delta_sha: str | None, missing_ok: bool = False) -> Manifest | None:
+        """The part already under this name: ours again when its own delta is byte-identical (I7), else a conflict."""
+        try:
+            existing = parse_manifest(self.store.get(key), key)
+        except NotFoundError:
+            if missing_ok:
+                return None
+            raise ConflictError(f"key groups {kg} of checkpoint {cid} of job {job} were committed and removed concurrently") from None
+        staged = own_delta(existing)
+        if (staged.sha256 if staged else None) != delta_sha:
+            raise ConflictError(f"key groups {kg} of checkpoint {cid} of job {job} were already committed by this writer with another delta")
+        return existing
+
+    def _source_holds(self, source: ParentSource, part: Manifest) -> bool:
+        """Whether the parent still holds every file this part carried from it, checked after the part was written (I6)."""
+        try:
+            if self.store.head(source.key).etag == source.etag:
+                return True
+        except NotFoundError:
+            return False
+        if source.from_part:
+            return True  # a part is never rewritten: a new etag means it was written again with the same name and bytes
+        try:
+            current = self.reader(part.job).manifest(source.manifest.checkpoint_id)
+        except NotFoundError:
+            return False
+        return carried_paths(part) <= current.referenced_paths
+
+    # ---- completion -------------------------------------------------------------------------------------------
+
+    def _listing(self, job: str, cid: int) -> list[StagedName]:
+        out = []
+        for info in self.store.list(parts_prefix(job, cid)):
+            parsed = parse_job_key(info.key)
+            if parsed is not None and parsed.kind == "part" and parsed.checkpoint_id == cid:
+                out.append(StagedName(info.key, parsed.kg_lo, parsed.kg_hi, parsed.epoch))
+        return out
+
+    def _valid(self, names: list[StagedName], table: WriterTable) -> list[StagedName]:
+        """Staged parts whose writer still owns their range; parts named without an epoch are read to learn it."""
+        out = []
+        for n in names:
+            epoch = n.epoch
+            if epoch is None:
+                try:
+                    epoch = parse_manifest(self.store.get(n.key), n.key).parts[0].epoch
+                except NotFoundError:
+                    continue
+            if table.holds(n.kg_lo, n.kg_hi, epoch):
+                out.append(StagedName(n.key, n.kg_lo, n.kg_hi, epoch))
+        return out
+
+    def complete(self, job: str, cid: int, listing: list[StagedName] | None = None, table: WriterTable | None = None) -> Manifest | None:
+        """Write _metadata of checkpoint ``cid`` if the valid parts tile 0..127 (I1); the manifest now in place, or None."""
+        for _ in range(_PUBLISH_ROUNDS):
+            if listing is None:
+                listing = self._listing(job, cid)
+                table = None
+            if table is None:
+                table, _ = self.fencing.read(job)
+            valid = self._valid(listing, table)
+            if not tiles([Part(n.kg_lo, n.kg_hi, 1, 0, ()) for n in valid]):
+                return None
+            parts = []
+            for n in valid:
+                try:
+                    parts.append(parse_manifest(self.store.get(n.key), n.key))
+                except NotFoundError:
+                    return None  # removed since the listing (retention or a delete): not completable now
+            if not all(self._parent_holds(job, p) for p in parts):
+                return None
+            manifest = assemble(job, cid, parts)
+            outcome = self._publish(job, cid, manifest)
+            if outcome is not None:
+                return outcome
+            listing = table = None  # lost a compare-and-swap: decide again from a fresh listing
+        raise UnavailableError(f"checkpoint {cid} of job {job}: its _metadata kept changing while it was completed; retry")
+
+    def _parent_holds(self, job: str, part: Manifest) -> bool:
+        """Whether a staged part's parent (its _metadata, or the writer's own part of it) still holds what the part carried."""
+        pid = part.parent_id
+        if not pid:
+            return True
+        carried = carried_paths(part)
+        if not carried:
+            return True
+        p = part.parts[0]
+        try:
+            if carried <= self.reader(job).manifest(pid).referenced_paths:
+                return True
+        except NotFoundError:
+            pass
+        own = part_key(job, pid, p.kg_lo, p.kg_hi, p.epoch)
+        try:
+            parent_part = parse_manifest(self.store.get(own), own)
+        except NotFoundError:
+            return False
+        return carried <= {f.path for f in parent_part.files}
+
+    def _publish(self, job: str, cid: int, manifest: Manifest) -> Manifest | None:
+        """put-if-absent _metadata; if an older attempt's version is there, replace it (I3). None: lost a race, try again."""
+        key = metadata_key(job, cid)
+        try:
+            self.store.put_if_absent(key, manifest.to_json())
+            return manifest
+        except ConflictError:
+            pass
+        try:
+            data, etag = self.store.get_with_etag(key)
+        except NotFoundError:
+            return None  # deleted meanwhile: try again
+        existing = parse_manifest(data, key)
+        ours = {(p.kg_lo, p.kg_hi, p.epoch) for p in manifest.parts}
+        if {(p.kg_lo, p.kg_hi, p.epoch) for p in existing.parts} == ours:
+            return existing  # the same parts (another completer, or a compaction since)
+        table, _ = self.fencing.read(job)  # read after the existing version: decides which attempt is current
+        if not all(table.holds(*k) for k in ours):
+            return existing  # our parts were fenced meanwhile: the version in place stands
+        if all(table.holds(p.kg_lo, p.kg_hi, p.epoch) for p in existing.parts):
+            return existing
+        retired = tuple(sorted(existing.referenced_paths - {f.path for f in manifest.files}))
+        replacement = Manifest(MANIFEST_FORMAT, job, cid, manifest.parent_id, manifest.created_at_ms, manifest.operators,
+                               manifest.state_versions, manifest.parts, manifest.files, retired)
+        try:
+            self.store.compare_and_swap(key, replacement.to_json(), etag)
+        except (ConflictError, NotFoundError):
+            return None
+        self.reader(job).forget(cid)
+        return replacement
+
+    # ---- listing ----------------------------------------------------------------------------------------------
+
+    def staged(self, job: str, item: CheckpointListing) -> tuple[list[tuple[int, int]], list[Manifest]]:
+        """An incomplete checkpoint's ranges staged by current writers, and their parts."""
+        table, _ = self.fencing.read(job)
+        names = [StagedName(k, lo, hi, e) for k, lo, hi, e in item.part_names]
+        valid = self._valid(names, table)
+        parts = []
+        for n in valid:
+            try:
+                parts.append(parse_manifest(self.store.get(n.key), n.key))
+            except NotFoundError:
+                continue
+        return [(n.kg_lo, n.kg_hi) for n in valid], parts
+
+
+def assemble(job: str, cid: int, parts: list[Manifest]) -> Manifest:
+    """The manifest of tiling parts: a pure function of them, so racing completers write identical bytes."""
+    parts = sorted(parts, key=lambda p: p.parts[0].kg_lo)
+    files = {f.path: f for p in parts for f in p.files}
+    ops = {o: u for p in parts for o, u in p.operators}
+    return Manifest(
+        MANIFEST_FORMAT, job, cid, max(p.parent_id for p in parts), max(p.created_at_ms for p in parts),
+        tuple(sorted(ops.items())), merge_versions(p.state_versions for p in parts),
+        tuple(p.parts[0] for p in parts), tuple(sorted(files.values(), key=lambda f: f.path)),
+    )
+

@@ -1,0 +1,137 @@
+"""Every object key of a store root, built and parsed in one place (as SlateDB's paths.rs): jobs, checkpoints, parts, data files."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from snapshot import NUM_KEY_GROUPS
+
+JOBS = "jobs/"
+SAVEPOINTS = "savepoints/"
+SAVEPOINT_MANIFEST = "_metadata"
+DATA_DIR = "data/"
+GC_MARKER = "gc/progress.json"
+JOB_GC_MARKER = "gc-progress.json"  # jobs/<job>/gc-progress.json: the marker of a GC run scoped to one job
+
+# data files are written once under a fresh name, so repeating their put cannot overwrite anyone else's bytes
+IMMUTABLE_KEY_PATTERN = r"(^|/)data/[^/]+\.arrow$"
+
+_CHECKPOINT_DIR = re.compile(r"^chk-([1-9][0-9]*)$")
+_PART_NAME = re.compile(r"^([0-9]{1,3})-([0-9]{1,3})(?:-e([1-9][0-9]*))?\.json$")
+
+
+def job_prefix(job: str) -> str:
+    """Store key of a job's folder (with trailing '/')."""
+    return f"{JOBS}{job}/"
+
+
+def writers_key(job: str) -> str:
+    """Store key of a job's fencing epochs."""
+    return f"{JOBS}{job}/writers"
+
+
+def checkpoint_prefix(job: str, checkpoint_id: int) -> str:
+    """Store key prefix of checkpoint N (with trailing '/')."""
+    return f"{JOBS}{job}/chk-{checkpoint_id}/"
+
+
+def checkpoints_prefix(job: str) -> str:
+    """Listing prefix that holds every checkpoint folder of a job."""
+    return f"{JOBS}{job}/chk-"
+
+
+def metadata_key(job: str, checkpoint_id: int) -> str:
+    """Store key of the complete manifest: its existence is the commit."""
+    return f"{JOBS}{job}/chk-{checkpoint_id}/_metadata"
+
+
+def part_name(kg_lo: int, kg_hi: int, epoch: int) -> str:
+    """File name of one writer's part: its range and epoch, so a fenced writer's part never blocks its successor's."""
+    return f"{kg_lo}-{kg_hi}-e{epoch}.json"
+
+
+def part_key(job: str, checkpoint_id: int, kg_lo: int, kg_hi: int, epoch: int) -> str:
+    """Store key of one subtask's contribution to checkpoint N."""
+    return f"{JOBS}{job}/chk-{checkpoint_id}/parts/{part_name(kg_lo, kg_hi, epoch)}"
+
+
+def parts_prefix(job: str, checkpoint_id: int) -> str:
+    """Listing prefix of the parts of checkpoint N."""
+    return f"{JOBS}{job}/chk-{checkpoint_id}/parts/"
+
+
+def pin_key(job: str, checkpoint_id: int, holder: str) -> str:
+    """Store key of one holder's pin on checkpoint N."""
+    return f"{JOBS}{job}/pins/{checkpoint_id}/{holder}.json"
+
+
+def job_gc_marker_key(job: str) -> str:
+    """Store key of the progress marker of a GC run scoped to one job."""
+    return f"{JOBS}{job}/{JOB_GC_MARKER}"
+
+
+def new_data_path() -> str:
+    """A fresh relative path for a data file (relative to its job or savepoint folder)."""
+    return f"{DATA_DIR}{uuid.uuid4().hex}.arrow"
+
+
+def savepoint_prefix(name: str) -> str:
+    """Store prefix of a savepoint folder (with trailing '/')."""
+    return f"{SAVEPOINTS}{name}/"
+
+
+@dataclass(frozen=True)
+class JobKey:
+    """What one key under jobs/<job>/ is: kind is metadata, part, writers, data, pin, gc-marker or other."""
+
+    job: str
+    kind: str
+    rest: str  # the key below the job folder
+    checkpoint_id: int = 0
+    kg_lo: int = 0
+    kg_hi: int = 0
+    epoch: int | None = None  # a part's epoch from its name (None: a part named before names carried it)
+    pin_checkpoint: int = 0
+
+
+def parse_part_name(name: str) -> tuple[int, int, int | None] | None:
+    """(kg_lo, kg_hi, epoch or None) of a part file name, None when it is not one."""
+    m = _PART_NAME.match(name)
+    if not m:
+        return None
+    lo, hi = int(m.group(1)), int(m.group(2))
+    if not lo <= hi < NUM_KEY_GROUPS:
+        return None
+    return lo, hi, int(m.group(3)) if m.group(3) else None
+
+
+def parse_job_key(key: str) -> JobKey | None:
+    """Classify a key under jobs/; None for keys outside any job folder."""
+    if not key.startswith(JOBS):
+        return None
+    job, sep, rest = key[len(JOBS) :].partition("/")
+    if not job or not sep or not rest:
+        return None
+    head, _, tail = rest.partition("/")
+    if rest == "writers":
+        return JobKey(job, "writers", rest)
+    if rest == JOB_GC_MARKER:
+        return JobKey(job, "gc-marker", rest)
+    m = _CHECKPOINT_DIR.match(head)
+    if m:
+        cid = int(m.group(1))
+        if tail == "_metadata":
+            return JobKey(job, "metadata", rest, cid)
+        if tail.startswith("parts/") and "/" not in tail[6:]:
+            parsed = parse_part_name(tail[6:])
+            if parsed:
+                return JobKey(job, "part", rest, cid, parsed[0], parsed[1], parsed[2])
+        return JobKey(job, "other", rest, cid)
+    if head == "data" and tail and "/" not in tail:
+        return JobKey(job, "data", rest)
+    if head == "pins" and tail.endswith(".json"):
+        cid_text = tail.partition("/")[0]
+        return JobKey(job, "pin", rest, pin_checkpoint=int(cid_text) if cid_text.isdigit() else 0)
+    return JobKey(job, "other", rest)
