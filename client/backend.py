@@ -450,8 +450,9 @@ class RemoteReadBackend:
             return self._read_checkpoint
         # only checkpoints this backend committed count: a complete checkpoint outside its lineage (say, one made
         # before this backend rewound to an older checkpoint) must not become its read checkpoint
+        # an abandoned version of an id this backend committed again is an older attempt's, without this backend's part
         mine = {cid for cid, _ in self._pending}
-        complete = [c.checkpoint_id for c in self._pool.list_checkpoints(self.job) if c.complete and c.checkpoint_id in mine]
+        complete = [c.checkpoint_id for c in self._pool.list_checkpoints(self.job) if c.complete and not c.abandoned and c.checkpoint_id in mine]
         if complete:
             with self._lock:
                 self._release_pending(max(complete))
@@ -568,6 +569,26 @@ class RemoteReadBackend:
                 merged.update(self.state_versions.items())
                 self.state_versions = StateVersionMap(merged)
         return info
+
+    def start_fresh(self, key_groups: tuple[int, int] | None = None) -> None:
+        """Start this subtask's state empty as a new attempt of the job (a job restarted with no checkpoint to restore).
+
+        Takes a fresh epoch recorded as a restore from nothing, so every checkpoint the job completed before, and any an
+        older attempt completes later, is left behind: never the latest, never mixed into this attempt's. Unsaved writes
+        are dropped; the next snapshot has no parent.
+        """
+        self._check_open()
+        new_range = _check_range(key_groups) if key_groups is not None else self.key_groups
+        epoch = self._pool.acquire_writer(self.job, new_range, restore_from=0).epoch
+        with self._snapshot_lock, self._lock:
+            self.key_groups = new_range
+            self.epoch = epoch
+            self.fenced = False
+            self._delta, self._delta_bytes, self._shipping, self._pending = {}, 0, {}, []
+            self._cache.clear()
+            self._generation += 1
+            self._read_checkpoint = None
+            self._parent_id = 0
 
     # -- export -------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pool.domain import MAX_CHECKPOINT_ID, CheckpointInfo, CommitRequest, CommitResult, KeyGroupRange, PoolConfig
-from pool.protocol import CommitProtocol, incomplete_info, info_of
+from pool.protocol import CommitProtocol, incomplete_info, info_of, remove_checkpoint
 from pool.streaming import stream_chunks
 from pool.writers import Fencing
 from snapshot import (
@@ -28,9 +28,11 @@ from snapshot import (
     replay_changelog,
 )
 from snapshot.errors import (
+    ConflictError,
     CorruptSnapshotError,
     InvalidArgumentError,
     NotFoundError,
+    UnavailableError,
     UnsupportedFormatVersionError,
 )
 from store.checkpoint import CheckpointReader, SegmentCache
@@ -89,7 +91,7 @@ class PoolCore:
         self.store = store
         self.config = config = config or PoolConfig()
         self.cache = SegmentCache(config.cache_bytes)
-        self.fencing = Fencing(store, config.max_cas_attempts)
+        self.fencing = Fencing(store, config.max_cas_attempts, clock=clock)
         self.protocol = CommitProtocol(store, self.fencing, self.reader, config, clock)
         self._readers: dict[str, CheckpointReader] = {}
         self._lock = threading.Lock()
@@ -334,7 +336,11 @@ class PoolCore:
         return info_of(job, manifest, etag, abandoned), manifest.to_json().decode()
 
     def delete_checkpoint(self, job: str, checkpoint_id: int) -> None:
-        """Remove a checkpoint's manifest (first: it vanishes atomically) and parts; data files are left for GC."""
+        """Remove a checkpoint's manifest (first: it vanishes atomically) and parts; data files are left for GC.
+
+        Refused (ConflictError) for the checkpoint a current writer restored from: its next commit builds on it.
+        The removal is announced in the writers table first, so no restore starts from it meanwhile.
+        """
         job = self._job(job)
         _check_id(checkpoint_id, "checkpoint id", 1)
         keys = [o.key for o in self.store.list(checkpoint_prefix(job, checkpoint_id))]
@@ -342,10 +348,21 @@ class PoolCore:
             if not self._job_exists(job):
                 raise NotFoundError(f"job {job} not found in {self.store.uri}")
             raise NotFoundError(f"checkpoint {checkpoint_id} of job {job} not found")
-        meta = metadata_key(job, checkpoint_id)
-        if meta in keys:
-            self.store.delete(meta)
-        for key in keys:
-            if key != meta:
-                self.store.delete(key)
-        self.reader(job).forget(checkpoint_id)
+
+        def decide(table) -> set[int]:
+            holders = [w for w in table.writers if w.base == checkpoint_id]
+            if holders:
+                w = holders[0]
+                raise ConflictError(f"checkpoint {checkpoint_id} of job {job} is where the writer of key groups {w.kg_lo}-{w.kg_hi} "
+                                    f"(epoch {w.epoch}) restored from; restore it elsewhere before deleting")
+            return {checkpoint_id}
+
+        lease = int(self.config.max_commit_s * 1000)
+        now = int(self.protocol.clock() * 1000)
+        self.fencing.retire(job, decide, now + lease)
+        try:
+            if not remove_checkpoint(self.store, job, checkpoint_id, keys, None, now + lease // 2, self.protocol.clock):
+                raise UnavailableError(f"deleting checkpoint {checkpoint_id} of job {job} took too long and stopped part way; run it again")
+            self.reader(job).forget(checkpoint_id)
+        finally:
+            self.fencing.unretire(job, {checkpoint_id})

@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pool.core import validate_job
+from pool.protocol import remove_checkpoint
+from pool.writers import Fencing
 from snapshot import NUM_KEY_GROUPS
 from snapshot.errors import ClinkError, ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError, UnavailableError
 from store.checkpoint import CheckpointReader, SegmentCache
@@ -182,6 +184,7 @@ class Lifecycle:
         self.clock = clock
         self.cache = cache if cache is not None else SegmentCache(self.config.cache_bytes)
         self._on_replaced = on_manifest_replaced  # a pool forgets its cached manifest of a compacted checkpoint
+        self.fencing = Fencing(store, clock=clock)
 
     # ---- opening sources -------------------------------------------------------------------------------------
 
@@ -336,7 +339,12 @@ class Lifecycle:
         _, manifest, _ = self.open_checkpoint(job, checkpoint_id)
         expires = self._now_ms() + int(ttl_s * 1000)
         body = {"format": PIN_FORMAT, "job": job, "checkpoint_id": manifest.checkpoint_id, "holder": holder, "expires_at_ms": expires}
-        self.store.put(pin_key(job, manifest.checkpoint_id, holder), json.dumps(body, sort_keys=True).encode())
+        key = pin_key(job, manifest.checkpoint_id, holder)
+        self.store.put(key, json.dumps(body, sort_keys=True).encode())
+        table, _ = self.fencing.read(job)  # read after the pin landed: retention re-lists pins after announcing what it removes
+        if manifest.checkpoint_id in table.retiring_ids(self._now_ms()) or not self.store.exists(metadata_key(job, manifest.checkpoint_id)):
+            self.store.delete(key)
+            raise NotFoundError(f"checkpoint {manifest.checkpoint_id} of job {job} is being deleted; it cannot be pinned")
         return manifest.checkpoint_id, expires
 
     def unpin(self, job: str, checkpoint_id: int, holder: str) -> None:
@@ -385,40 +393,63 @@ class Lifecycle:
         held, _ = self._live_pins(layout.pins, now)
         min_age = int(self.config.gc_min_age_s * 1000)
         reader = CheckpointReader(self.store, job, self.cache)
-        table = reader.writers()
-        current, left_behind = [], []
+        max_epochs: dict[int, int] = {}
         for cid in sorted(layout.complete):
             try:
-                manifest = reader.manifest(cid, layout.metadata_etags.get(cid))
+                max_epochs[cid] = reader.manifest(cid, layout.metadata_etags.get(cid)).max_epoch
             except NotFoundError:
                 continue  # deleted since the listing
-            (left_behind if table.abandons(cid, manifest.max_epoch) else current).append(cid)
-        # the newest keep_last of the current attempt, and every checkpoint a live writer restored from (a rewound job's base)
-        keep_ids = set(current[-keep:]) | {w.base for w in table.writers if w.base is not None}
-        delete, pinned = [], []
-        for cid in current:
-            if cid in keep_ids:
-                continue
-            (pinned if cid in held else delete).append(cid)
         old_enough = {cid: all(now - o.last_modified_ms >= min_age for o in objs) for cid, objs in layout.checkpoints.items()}
-        for cid in left_behind:  # checkpoints a rewind left behind: gone once past the minimum age (a zombie may still read them)
-            if cid in held:
-                pinned.append(cid)
-            elif old_enough[cid] and cid not in keep_ids:
-                delete.append(cid)
-        latest = current[-1] if current else 0
-        for cid in layout.checkpoints:
-            abandoned = cid not in layout.complete and cid < latest and old_enough[cid]
-            if abandoned and cid not in held and cid not in keep_ids:
-                delete.append(cid)
-        delete.sort()
-        if not dry_run:
-            for cid in delete:
-                objs = layout.checkpoints[cid]
-                meta = metadata_key(job, cid)
-                for key in sorted((o.key for o in objs), key=lambda k: k != meta):  # _metadata first
-                    self.store.delete(key)
+        plan: dict[str, list[int] | set[int]] = {}
+
+        def decide(table: WriterTable) -> set[int]:
+            current = [c for c in sorted(max_epochs) if not table.abandons(c, max_epochs[c])]
+            left_behind = [c for c in sorted(max_epochs) if table.abandons(c, max_epochs[c])]
+            # the newest keep_last of the current attempt, and every checkpoint a live writer restored from (a rewound job's base)
+            keep_ids = set(current[-keep:]) | {w.base for w in table.writers if w.base is not None}
+            delete, pinned = set(), set()
+            for cid in current:
+                if cid not in keep_ids:
+                    (pinned if cid in held else delete).add(cid)
+            latest = current[-1] if current else 0
+            for cid in left_behind:  # complete checkpoints a rewind left behind: gone once the attempt has passed them, past the minimum age
+                if cid in held:
+                    pinned.add(cid)
+                elif cid < latest and old_enough[cid] and cid not in keep_ids:
+                    delete.add(cid)
+            for cid in layout.checkpoints:  # incomplete checkpoints older than the latest: abandoned
+                if cid not in max_epochs and cid not in layout.complete and cid < latest and old_enough[cid] and cid not in held | keep_ids:
+                    delete.add(cid)
+            plan.update(keep=keep_ids, pinned=pinned)
+            return delete
+
+        if dry_run:
+            delete = decide(reader.writers())
+        else:
+            # announced first (protocol I3): a restore from one of them either registered its base before (kept) or is refused
+            lease = int(self.config.max_write_s * 1000)
+            until = now + lease
+            chosen, _ = self.fencing.retire(job, decide, until)
+            # deletions stop with half the announcement's lease to spare: past it, a restore could start from one of them
+            stop_at = until - lease // 2
+            try:
+                delete = chosen - self._pinned_meanwhile(job, chosen, now)
+                for cid in sorted(delete):
+                    keys = [o.key for o in layout.checkpoints.get(cid, [])]
+                    if not remove_checkpoint(self.store, job, cid, keys, layout.metadata_etags.get(cid), stop_at, self.clock):
+                        delete = {c for c in delete if c < cid}
+                        break
+            finally:
+                self.fencing.unretire(job, chosen)
+        keep_ids, pinned = plan.get("keep", set()), plan.get("pinned", set())
+        delete = sorted(delete)
         return RetentionResult(job, tuple(delete), tuple(sorted(keep_ids)), tuple(sorted(pinned)), dry_run)
+
+    def _pinned_meanwhile(self, job: str, chosen: set[int], now: int) -> set[int]:
+        """Checkpoints among ``chosen`` a pin took after the decision (a pin checks the announcement after it is written)."""
+        infos = [o for o in self.store.list(job_prefix(job) + "pins/")]
+        held, _ = self._live_pins(infos, now)
+        return chosen & held
 
     # ---- compaction ------------------------------------------------------------------------------------------
 

@@ -212,16 +212,14 @@ class CommitProtocol:
                 repeated, written = True, 0  # what this attempt uploaded is garbage (GC): the earlier attempt's part stands
         listing = self._listing(job, cid)
         table, _ = self.fencing.read(job)  # read after the part landed and after the listing (I1, I2)
+        # a part is never deleted on its own: a completer that read the table before the fence may be including it
+        # right now, and then the part is what keeps its files referenced (I6)
         if not table.holds(kg.lo, kg.hi, epoch):
-            if not repeated:
-                self.store.delete(key)  # it can never count (I2): nothing of this commit stays visible, even staged
             raise fenced_error(job, kg, epoch, table)
         if source is not None and not self._source_holds(source, part):
-            if not repeated:
-                self.store.delete(key)
             raise NotFoundError(f"parent checkpoint {pid} of job {job} was deleted or replaced while checkpoint {cid} was committed; "
-                                "nothing was published: restore from a complete checkpoint")
-        manifest = self.complete(job, cid, listing, table)
+                                "this part will never complete a checkpoint: restore from a complete checkpoint")
+        manifest = self.complete(job, cid, listing, table, deadline=self.clock() + self.config.max_commit_s)
         if manifest is not None and manifest.part_for(kg.lo, kg.hi, epoch) is not None:
             return CommitResult(info_of(job, manifest), written, repeated)
         if manifest is not None:  # completed without this part: the writer was fenced before the checkpoint completed
@@ -300,8 +298,13 @@ class CommitProtocol:
                 out.append(StagedName(n.key, n.kg_lo, n.kg_hi, epoch))
         return out
 
-    def complete(self, job: str, cid: int, listing: list[StagedName] | None = None, table: WriterTable | None = None) -> Manifest | None:
-        """Write _metadata of checkpoint ``cid`` if the valid parts tile 0..127 (I1); the manifest now in place, or None."""
+    def complete(self, job: str, cid: int, listing: list[StagedName] | None = None, table: WriterTable | None = None,
+                 deadline: float | None = None) -> Manifest | None:
+        """Write _metadata of checkpoint ``cid`` if the valid parts tile 0..127 (I1); the manifest now in place, or None.
+
+        ``deadline`` (clock seconds): past it nothing is published, as for a commit (I6: retention removes an incomplete
+        checkpoint only once it is older than the minimum age, so a completer stalled that long must not publish it).
+        """
         for _ in range(_PUBLISH_ROUNDS):
             if listing is None:
                 listing = self._listing(job, cid)
@@ -311,6 +314,8 @@ class CommitProtocol:
             valid = self._valid(listing, table)
             if not tiles([Part(n.kg_lo, n.kg_hi, 1, 0, ()) for n in valid]):
                 return None
+            if cid in table.retiring_ids(int(self.clock() * 1000)):
+                return None  # retention or a delete is removing this id right now: completing it would race the removal
             parts = []
             for n in valid:
                 try:
@@ -320,6 +325,9 @@ class CommitProtocol:
             if not all(self._parent_holds(job, p) for p in parts):
                 return None
             manifest = assemble(job, cid, parts)
+            if deadline is not None and self.clock() > deadline:
+                raise UnavailableError(f"completing checkpoint {cid} of job {job} took longer than {self.config.max_commit_s:g} s; "
+                                       "nothing was published: repeat the commit to complete it")
             outcome = self._publish(job, cid, manifest)
             if outcome is not None:
                 return outcome
@@ -392,6 +400,27 @@ class CommitProtocol:
             except NotFoundError:
                 continue
         return [(n.kg_lo, n.kg_hi) for n in valid], parts
+
+
+def remove_checkpoint(store: ObjectStore, job: str, cid: int, keys: list[str], decided_etag: str | None, stop_at_ms: int,
+                      clock: Callable[[], float]) -> bool:
+    """Delete a checkpoint announced as retiring: _metadata first (it vanishes atomically), then the rest as listed.
+
+    Stops (False) once the clock passes ``stop_at_ms``, well inside the announcement's lease: past the lease a restore
+    or a pin may take the checkpoint again. Skips a _metadata re-committed by a newer attempt since the decision.
+    """
+    meta = metadata_key(job, cid)
+    if decided_etag is not None:
+        try:
+            if store.head(meta).etag != decided_etag:
+                return True
+        except NotFoundError:
+            pass
+    for key in sorted(keys, key=lambda k: k != meta):
+        if int(clock() * 1000) >= stop_at_ms:
+            return False
+        store.delete(key)
+    return True
 
 
 def assemble(job: str, cid: int, parts: list[Manifest]) -> Manifest:

@@ -7,9 +7,9 @@ import time
 
 from pool.domain import KeyGroupRange
 from snapshot.errors import ConflictError, FencedError, NotFoundError
-from store.layout import writers_key
+from store.layout import metadata_key, writers_key
 from store.objects import ObjectStore
-from store.writers import EMPTY_TABLE, WriterTable, parse_writers
+from store.writers import WriterTable, parse_writers
 
 __all__ = ["Fencing", "WriterTable"]
 
@@ -17,18 +17,40 @@ __all__ = ["Fencing", "WriterTable"]
 class Fencing:
     """Reads and updates one store's writers files (retrying lost compare-and-swaps a bounded number of times)."""
 
-    def __init__(self, store: ObjectStore, max_attempts: int = 64, sleep=time.sleep) -> None:
+    def __init__(self, store: ObjectStore, max_attempts: int = 64, sleep=time.sleep, clock=time.time) -> None:
         self.store = store
         self.max_attempts = max_attempts
         self._sleep = sleep
+        self._clock = clock
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _update(self, job: str, change, what: str):
+        """Apply ``change(table) -> (new table or None, result)`` by compare-and-swap, retrying when another update won."""
+        for attempt in range(self.max_attempts):
+            table, etag = self.read(job)
+            new, result = change(table)
+            if new is None:
+                return result
+            try:
+                self.store.compare_and_swap(writers_key(job), new.to_json(), etag)
+                return result
+            except ConflictError:
+                self._sleep(min(0.2, 0.002 * (2 ** min(attempt, 7))) * random.random())  # jitter: racing updaters spread out
+        raise ConflictError(f"could not {what} of job {job}: {self.max_attempts} concurrent updates won")
 
     def read(self, job: str) -> tuple[WriterTable, str | None]:
-        """The writer table and its etag (None when no writer was ever registered)."""
+        """The writer table and its etag (None when no writer was ever registered).
+
+        A job's first table starts its epochs at the clock in microseconds, so a job deleted and created again under its
+        old name never hands out an epoch a process of its earlier life still holds.
+        """
         key = writers_key(job)
         try:
             data, etag = self.store.get_with_etag(key)
         except NotFoundError:
-            return EMPTY_TABLE, None
+            return WriterTable(max(1, int(self._clock() * 1_000_000)), ()), None
         return parse_writers(data, key), etag
 
     def acquire(self, job: str, key_groups: KeyGroupRange, base: int | None = None) -> int:
@@ -37,15 +59,40 @@ class Fencing:
         ``base`` is the checkpoint the new writer restores from (None: not a restore): recorded so that checkpoints a
         rewind left behind are told apart from the new attempt's.
         """
-        for attempt in range(self.max_attempts):
-            table, etag = self.read(job)
-            new, epoch = table.with_writer(key_groups.lo, key_groups.hi, base)
-            try:
-                self.store.compare_and_swap(writers_key(job), new.to_json(), etag)
-                return epoch
-            except ConflictError:
-                self._sleep(min(0.2, 0.002 * (2 ** min(attempt, 7))) * random.random())  # jitter: racing acquirers spread out
-        raise ConflictError(f"could not register a writer for key groups {key_groups} of job {job}: {self.max_attempts} concurrent updates won")
+        now = self._now_ms()
+
+        def change(table: WriterTable):
+            if base:
+                if base in table.retiring_ids(now):
+                    raise NotFoundError(f"checkpoint {base} of job {job} is being deleted (retention or a delete); restore from another")
+                # checked between reading the table and swapping it: a removal announced meanwhile makes the swap fail
+                if not self.store.exists(metadata_key(job, base)):
+                    raise NotFoundError(f"checkpoint {base} of job {job} is not complete (deleted, or never completed); nothing to restore from")
+            return table.with_writer(key_groups.lo, key_groups.hi, base, now)
+
+        return self._update(job, change, f"register a writer for key groups {key_groups}")
+
+    def retire(self, job: str, decide, until_ms: int) -> tuple[set[int], WriterTable]:
+        """Announce the checkpoints ``decide(table)`` picks as being removed (one compare-and-swap against the table decided on).
+
+        A restore's acquire and this announcement serialise on the writers table: either the restore registers its base
+        first (and ``decide`` keeps it), or it finds the checkpoint retiring and refuses.
+        """
+        now = self._now_ms()
+
+        def change(table: WriterTable):
+            chosen = set(decide(table))
+            if not chosen:
+                return None, (chosen, table)
+            new = table.with_retiring(chosen, until_ms, now)
+            return new, (chosen, new)
+
+        return self._update(job, change, "announce a removal")
+
+    def unretire(self, job: str, checkpoint_ids: set[int]) -> None:
+        """Withdraw removal intents (best effort: an intent also expires by itself)."""
+        if checkpoint_ids:
+            self._update(job, lambda t: (t.without_retiring(checkpoint_ids) if t.retiring else None, None), "withdraw a removal")
 
     def check(self, job: str, key_groups: KeyGroupRange, epoch: int) -> WriterTable:
         """Raise FencedError unless ``epoch`` still owns ``key_groups``; returns the table read."""

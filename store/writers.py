@@ -9,6 +9,8 @@ from snapshot import NUM_KEY_GROUPS
 from snapshot.errors import CorruptDataError
 
 WRITERS_FORMAT = "clink.writers"
+# restore records kept per job (the newest epochs win): a rewind's record only matters until retention removes what it left behind
+MAX_RESTORE_RECORDS = 64
 
 
 @dataclass(frozen=True)
@@ -27,10 +29,17 @@ class Writer:
 
 @dataclass(frozen=True)
 class WriterTable:
-    """The current writers of a job: disjoint ranges, each owned by one epoch; epochs only grow (next_epoch is the next one)."""
+    """The current writers of a job: disjoint ranges, each owned by one epoch; epochs only grow (next_epoch is the next one).
+
+    ``restores`` records (base, epoch) of every restore: a restore from checkpoint B at epoch E started a new attempt, so
+    a checkpoint after B that only older epochs completed was left behind. ``retiring`` holds (checkpoint, until_ms) of
+    checkpoints retention or a delete is removing: no restore may start from them meanwhile.
+    """
 
     next_epoch: int
     writers: tuple[Writer, ...]
+    restores: tuple[tuple[int, int], ...] = ()
+    retiring: tuple[tuple[int, int], ...] = ()
 
     def holds(self, kg_lo: int, kg_hi: int, epoch: int | None) -> bool:
         """Whether ``epoch`` still owns exactly kg_lo..kg_hi."""
@@ -45,15 +54,36 @@ class WriterTable:
         """Whether a complete checkpoint whose newest part has ``max_epoch`` belongs to an attempt a rewind left behind.
 
         A writer that restored from checkpoint B at epoch E started a new attempt: a checkpoint after B completed only by
-        epochs older than E was made by the attempt that failed (it is never latest; re-committing its id replaces it).
+        epochs older than E was made by the attempt before it (it is never latest; re-committing its id replaces it). Any
+        checkpoint completed after that restore holds a part of epoch E or newer, so the record never abandons one.
         """
-        return any(w.base is not None and checkpoint_id > w.base and max_epoch < w.epoch for w in self.writers)
+        return any(checkpoint_id > base and max_epoch < epoch for base, epoch in self.restores)
 
-    def with_writer(self, kg_lo: int, kg_hi: int, base: int | None) -> tuple[WriterTable, int]:
+    def retiring_ids(self, now_ms: int) -> set[int]:
+        """Checkpoints being removed now (their intent not expired)."""
+        return {cid for cid, until in self.retiring if until > now_ms}
+
+    def with_writer(self, kg_lo: int, kg_hi: int, base: int | None, now_ms: int = 0) -> tuple[WriterTable, int]:
         """This table with a new writer for kg_lo..kg_hi (every overlapping writer dropped) and the epoch it got."""
         epoch = self.next_epoch
         kept = tuple(w for w in self.writers if not w.overlaps(kg_lo, kg_hi))
-        return WriterTable(epoch + 1, (*kept, Writer(kg_lo, kg_hi, epoch, base))), epoch
+        restores = self.restores
+        if base is not None:
+            best = {b: e for b, e in restores}
+            best[base] = epoch
+            restores = tuple(sorted(best.items(), key=lambda r: r[1])[-MAX_RESTORE_RECORDS:])
+        retiring = tuple(r for r in self.retiring if r[1] > now_ms)
+        return WriterTable(epoch + 1, (*kept, Writer(kg_lo, kg_hi, epoch, base)), tuple(sorted(restores)), retiring), epoch
+
+    def with_retiring(self, checkpoint_ids: set[int], until_ms: int, now_ms: int) -> WriterTable:
+        """This table announcing that these checkpoints are being removed until until_ms (expired intents dropped)."""
+        kept = {cid: until for cid, until in self.retiring if until > now_ms and cid not in checkpoint_ids}
+        kept.update({cid: until_ms for cid in checkpoint_ids})
+        return WriterTable(self.next_epoch, self.writers, self.restores, tuple(sorted(kept.items())))
+
+    def without_retiring(self, checkpoint_ids: set[int]) -> WriterTable:
+        """This table with those removal intents withdrawn (the removal is done, or was given up)."""
+        return WriterTable(self.next_epoch, self.writers, self.restores, tuple(r for r in self.retiring if r[0] not in checkpoint_ids))
 
     def to_json(self) -> bytes:
         """Deterministic JSON."""
@@ -63,7 +93,11 @@ class WriterTable:
             if w.base is not None:
                 row["base"] = w.base
             rows.append(row)
-        body = {"format": WRITERS_FORMAT, "version": 1, "next_epoch": self.next_epoch, "writers": rows}
+        body: dict = {"format": WRITERS_FORMAT, "version": 1, "next_epoch": self.next_epoch, "writers": rows}
+        if self.restores:
+            body["restores"] = [{"base": b, "epoch": e} for b, e in self.restores]
+        if self.retiring:
+            body["retiring"] = [{"checkpoint": c, "until_ms": u} for c, u in self.retiring]
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -88,6 +122,14 @@ def parse_writers(data: bytes, name: str) -> WriterTable:
             if not 0 <= lo <= hi < NUM_KEY_GROUPS or not 1 <= epoch < next_epoch or (base is not None and base < 0):
                 raise ValueError(f"writer {w} is out of range")
             writers.append(Writer(lo, hi, epoch, base))
+        restores = tuple((_int(r["base"]), _int(r["epoch"])) for r in d.get("restores", []))
+        retiring = tuple((_int(r["checkpoint"]), _int(r["until_ms"])) for r in d.get("retiring", []))
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptDataError(f"writers file {name} is malformed: {exc}") from None
-    return WriterTable(next_epoch, tuple(writers))
+    return WriterTable(next_epoch, tuple(writers), restores, retiring)
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} must be a non-negative integer")
+    return value

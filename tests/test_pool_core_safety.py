@@ -148,9 +148,9 @@ def test_concurrent_writer_acquisition_gives_distinct_epochs(store):
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert sorted(got) == list(range(1, 7))
+    assert len(set(got)) == 6 and max(got) - min(got) == 5  # six consecutive epochs, one each
     writers, _ = core.fencing.read("j")
-    assert sorted(w.epoch for w in writers.writers) == list(range(1, 7))  # no acquisition lost a disjoint writer
+    assert sorted(w.epoch for w in writers.writers) == sorted(got)  # no acquisition lost a disjoint writer
 
 
 def _data_files(store, job: str) -> list[str]:
@@ -355,8 +355,10 @@ def test_writer_fenced_during_upload_publishes_nothing(file_store):
     with pytest.raises(FencedError):
         commit(core, "j", 2, 1, FULL, old, [_put("a", b"2")])
     file_store.put_if_absent = original  # type: ignore[method-assign]
-    assert [i.key for i in file_store.list("jobs/j/chk-2")] == []
-    assert core.list_checkpoints("j", include_incomplete=True)[-1].checkpoint_id == 1
+    assert not file_store.exists("jobs/j/chk-2/_metadata")
+    # its part stays (a completer that read the writers table before the fence may include it), but it never counts
+    staged = {c.checkpoint_id: c for c in core.list_checkpoints("j", include_incomplete=True)}
+    assert staged[2].committed_ranges == () and not staged[2].complete
     assert core.get("j", 0, SRC, keyed("a")) == (True, b"1", 1)
 
 

@@ -1,0 +1,236 @@
+"""Mutants: each puts one reviewed defect (or one protocol safeguard) back, so the simulation shows it would catch it.
+
+`python bench/simulate.py --mutant NAME --seeds 200` must report failures for every mutant here; a mutant no seed
+kills is a blind spot of the model or the workload.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import client.backend as backend_mod
+import pool.lifecycle as lifecycle_mod
+import pool.protocol as protocol_mod
+import store.checkpoint as checkpoint_mod
+from snapshot.errors import NotFoundError
+from store.layout import metadata_key
+
+
+@contextmanager
+def patched(obj: object, name: str, value: object) -> Iterator[None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def _layers_in_listed_order():  # defect 1: readers and commits trust the order parents were joined in
+    def carried(parent, kg):
+        if parent is None:
+            return [], {}
+        files, layers = {}, []
+        for part in parent.parts:
+            if part.overlaps(kg.lo, kg.hi):
+                for layer in part.layers:
+                    for path in layer:
+                        entry = parent.file(path)
+                        if path not in files and (entry.kind == "base" or any(s.operator or s.overlaps(kg.lo, kg.hi) for s in entry.segments)):
+                            files[path] = entry
+                            layers.append((path,))
+        return layers, files
+
+    with patched(checkpoint_mod, "ordered_layers", lambda manifest, part: list(part.layers)), patched(protocol_mod, "carried_layers", carried):
+        yield
+
+
+def _empty_fold_writes_no_base():  # defect 2: compacting a part whose fold is empty leaves no compaction point
+    real = lifecycle_mod.Manifest
+
+    def manifest(fmt, job, cid, parent, created, ops, versions, parts, files, *rest, **kw):
+        empty = {f.path for f in files if f.kind == "base" and f.rows == 0 and f.as_of == cid}
+        if empty and fmt == lifecycle_mod.MANIFEST_FORMAT:
+            parts = tuple(type(p)(p.kg_lo, p.kg_hi, p.epoch, p.parent_id, tuple(layer for layer in p.layers if not set(layer) & empty)) for p in parts)
+            files = tuple(f for f in files if f.path not in empty)
+        return real(fmt, job, cid, parent, created, ops, versions, parts, files, *rest, **kw)
+
+    with patched(lifecycle_mod, "Manifest", manifest):
+        yield
+
+
+def _gc_skips_vanished_manifests():  # defect 3: a manifest deleted while GC reads it is skipped, not a reason to re-list
+    def refs(self, job, layout):
+        out = set()
+        for key in layout.manifest_keys:
+            try:
+                m = lifecycle_mod.parse_manifest(self.store.get(key), key)
+            except NotFoundError:
+                continue
+            out.update(f"jobs/{job}/" + p for p in m.referenced_paths)
+        return out
+
+    with patched(lifecycle_mod.Lifecycle, "_job_references", refs):
+        yield
+
+
+def _table_read_before_listing():  # defect 4: completion judges the parts against a writers table read before listing them
+    import pool.writers as writers_mod
+
+    local = threading.local()
+    real_listing = protocol_mod.CommitProtocol._listing
+    real_read = writers_mod.Fencing.read
+
+    def listing(self, job, cid):
+        local.table = real_read(self.fencing, job)  # the table first...
+        return real_listing(self, job, cid)  # ...then the parts it judges
+
+    def read(self, job):
+        early = getattr(local, "table", None)
+        if early is not None:
+            local.table = None
+            return early
+        return real_read(self, job)
+
+    with patched(protocol_mod.CommitProtocol, "_listing", listing), patched(writers_mod.Fencing, "read", read):
+        yield
+
+
+def _restore_keeps_its_epoch():  # defect 5: a restore in place keeps the old epoch, so an older attempt's parts still count
+    real = backend_mod.RemoteReadBackend.restore
+
+    def restore(self, checkpoint_id=None, key_groups=None, expected_operators=None):
+        epoch = self.epoch
+        pool = self._pool
+        real_acquire = pool.acquire_writer
+        pool.acquire_writer = lambda job, kg, restore_from=None: type("Lease", (), {"epoch": epoch})() if tuple(kg) == tuple(self.key_groups) and epoch else real_acquire(job, kg, restore_from)
+        try:
+            return real(self, checkpoint_id, key_groups, expected_operators)
+        finally:
+            pool.acquire_writer = real_acquire
+
+    with patched(backend_mod.RemoteReadBackend, "restore", restore):
+        yield
+
+
+def _operator_writes_folded_into_cache():  # defect 7: after completion the backend serves its own operator-state write
+    def fold(self, layer):
+        for k, v in layer.items():
+            self._cache.store(k, v)
+
+    with patched(backend_mod.RemoteReadBackend, "_fold_into_cache", fold):
+        yield
+
+
+def _manifests_cached_by_id():  # defect 9: a cached manifest is served whatever its etag says
+    real = checkpoint_mod.CheckpointReader.manifest_and_etag
+
+    def manifest_and_etag(self, checkpoint_id, etag=None):
+        with self._lock:
+            cached = self._manifests.get(checkpoint_id)
+        return cached if cached is not None else real(self, checkpoint_id, etag)
+
+    with patched(checkpoint_mod.CheckpointReader, "manifest_and_etag", manifest_and_etag):
+        yield
+
+
+def _no_parent_check_after_commit():  # I6: a part copied from a parent deleted meanwhile may complete
+    with patched(protocol_mod.CommitProtocol, "_source_holds", lambda self, source, part: True), \
+            patched(protocol_mod.CommitProtocol, "_parent_holds", lambda self, job, part: True):
+        yield
+
+
+def _retention_forgets_restore_points():  # a rewound job's base is deleted by retention
+    real = lifecycle_mod.Lifecycle.retain
+
+    def retain(self, job, keep_last=None, dry_run=False):
+        real_read = checkpoint_mod.CheckpointReader.writers
+
+        def writers(reader):
+            table = real_read(reader)
+            return type(table)(table.next_epoch, tuple(type(w)(w.kg_lo, w.kg_hi, w.epoch, None) for w in table.writers), table.restores, table.retiring)
+
+        with patched(checkpoint_mod.CheckpointReader, "writers", writers):
+            real_retire = self.fencing.retire
+
+            def retire(job_, decide, until):
+                return real_retire(job_, lambda t: decide(type(t)(t.next_epoch, tuple(type(w)(w.kg_lo, w.kg_hi, w.epoch, None) for w in t.writers),
+                                                                   t.restores, t.retiring)), until)
+
+            self.fencing.retire = retire
+            try:
+                return real(self, job, keep_last, dry_run)
+            finally:
+                self.fencing.retire = real_retire
+
+    with patched(lifecycle_mod.Lifecycle, "retain", retain):
+        yield
+
+
+def _no_restore_records():  # latest may be a checkpoint a rewind left behind
+    import store.writers as writers_table
+
+    with patched(writers_table.WriterTable, "abandons", lambda self, cid, max_epoch: False):
+        yield
+
+
+def _compaction_forgets_retired_files():  # a replaced _metadata stops naming files a concurrent commit copied
+    real = lifecycle_mod.Manifest
+
+    def manifest(*a, **k):
+        if len(a) >= 10:
+            a = a[:9]
+        k.pop("retired", None)
+        return real(*a, **k)
+
+    with patched(lifecycle_mod, "Manifest", manifest):
+        yield
+
+
+def _restore_from_vanished_checkpoint():  # a restore acquires even when its base is gone (retention deleted it meanwhile)
+    import pool.writers as writers_mod
+
+    real_exists = writers_mod.Fencing.acquire
+
+    def acquire(self, job, key_groups, base=None):
+        store = self.store
+        real = store.exists
+        store_exists = lambda key: True if key == metadata_key(job, base or 0) else real(key)  # noqa: E731
+        try:
+            store.exists = store_exists
+            return real_exists(self, job, key_groups, base)
+        finally:
+            store.exists = real
+
+    with patched(writers_mod.Fencing, "acquire", acquire):
+        yield
+
+
+MUTANTS: dict[str, Callable[[], object]] = {
+    "layers_in_listed_order": _layers_in_listed_order,
+    "empty_fold_writes_no_base": _empty_fold_writes_no_base,
+    "gc_skips_vanished_manifests": _gc_skips_vanished_manifests,
+    "table_read_before_listing": _table_read_before_listing,
+    "restore_keeps_its_epoch": _restore_keeps_its_epoch,
+    "operator_writes_folded_into_cache": _operator_writes_folded_into_cache,
+    "manifests_cached_by_id": _manifests_cached_by_id,
+    "no_parent_check_after_commit": _no_parent_check_after_commit,
+    "retention_forgets_restore_points": _retention_forgets_restore_points,
+    "no_restore_records": _no_restore_records,
+    "compaction_forgets_retired_files": _compaction_forgets_retired_files,
+    "restore_from_vanished_checkpoint": _restore_from_vanished_checkpoint,
+}
+
+
+@contextmanager
+def mutant(name: str | None) -> Iterator[None]:
+    """Apply one named mutant for the duration (None: the code as it is)."""
+    if not name:
+        yield
+        return
+    if name not in MUTANTS:
+        raise KeyError(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
+    with contextmanager(MUTANTS[name])():
+        yield
