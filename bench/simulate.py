@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run")
     parser.add_argument("--start", type=int, default=0, help="first seed")
-    parser.add_argument("--steps", type=int, default=300, help="scheduler steps per seed (before the final drain)")
+    parser.add_argument("--steps", type=int, default=400, help="scheduler steps per seed (before the final drain)")
     parser.add_argument("--jobs", type=int, default=1, help="processes running seeds in parallel")
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting new seeds after this many seconds")
     parser.add_argument("--no-faults", action="store_true", help="no injected errors, lost replies or crashes")

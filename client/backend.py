@@ -203,6 +203,7 @@ class RemoteReadBackend:
         self._cache = _LruCache(config.cache_bytes)
         self._generation = 0  # bumped whenever the cache's basis changes, so late pool answers are not cached
         self._read_checkpoint: int | None = None
+        self._read_etag = ""  # the version of the read checkpoint this backend holds: its reads are answered from it
         self._parent_id = 0
         self._operators: dict[int, str] = {}
         self._ttl_slots: set[tuple[int, str, bool]] = set()
@@ -379,8 +380,28 @@ class RemoteReadBackend:
         self._check_key(key_bytes)
         return (op_id, key_bytes)
 
+    def _moved_on(self) -> bool:
+        """After the read checkpoint was not found (deleted): whether a newer complete checkpoint of this backend's now serves."""
+        before = self._read_checkpoint
+        try:
+            return self.refresh_completion() != before
+        except ClinkError:
+            return False
+
+    def _again_if_moved_on(self, read):
+        """Run a read; when its checkpoint is gone but a newer one of this backend's completed meanwhile, run it once more."""
+        try:
+            return read()
+        except NotFoundError:
+            if not self._moved_on():
+                raise
+        return read()
+
     def get(self, op_id: int, key_bytes: bytes) -> bytes | None:
         """The current value of a key (None when absent): delta, cache, then the pool."""
+        return self._again_if_moved_on(lambda: self._get(op_id, key_bytes))
+
+    def _get(self, op_id: int, key_bytes: bytes) -> bytes | None:
         self._check_open()
         k = self._read_key(op_id, key_bytes)
         with self._lock:
@@ -388,7 +409,9 @@ class RemoteReadBackend:
             if found:
                 return value
             checkpoint, generation = self._read_checkpoint, self._generation
-        value = self._pool.get(self.job, checkpoint, op_id, k[1])
+        values, etag = self._pool.multi_get_at(self.job, checkpoint, [op_id], [k[1]], self._read_etag)
+        value = values[0]
+        self._adopt(checkpoint, etag)
         with self._lock:
             if generation == self._generation and not self._local_layers_hold(k):
                 self._cache.store(k, value)
@@ -399,6 +422,9 @@ class RemoteReadBackend:
 
     def get_many(self, op_id: int, keys: Sequence[bytes]) -> list[bytes | None]:
         """Values of many keys of one operator, in order; every miss goes to the pool in ONE MultiGet."""
+        return self._again_if_moved_on(lambda: self._get_many(op_id, keys))
+
+    def _get_many(self, op_id: int, keys: Sequence[bytes]) -> list[bytes | None]:
         self._check_open()
         ks = [self._read_key(op_id, key) for key in keys]
         out: list[bytes | None] = [None] * len(ks)
@@ -413,7 +439,8 @@ class RemoteReadBackend:
             checkpoint, generation = self._read_checkpoint, self._generation
         if not miss_idx:
             return out
-        fetched = self._pool.multi_get(self.job, checkpoint, [op_id], [ks[i][1] for i in miss_idx])
+        fetched, etag = self._pool.multi_get_at(self.job, checkpoint, [op_id], [ks[i][1] for i in miss_idx], self._read_etag)
+        self._adopt(checkpoint, etag)
         with self._lock:
             cache_ok = generation == self._generation
             for i, value in zip(miss_idx, fetched, strict=True):
@@ -429,7 +456,13 @@ class RemoteReadBackend:
             if k[1][:1] < b"\x80":  # operator state is every subtask's: after completion it reads what the pool merged
                 self._cache.store(k, v)
 
-    def _release_pending(self, complete_id: int) -> None:
+    def _adopt(self, checkpoint: int | None, etag: str) -> None:
+        """The pool answered from this version of the read checkpoint (compacted since, perhaps): hold that one from now."""
+        with self._lock:
+            if etag and checkpoint == self._read_checkpoint:
+                self._read_etag = etag
+
+    def _release_pending(self, complete_id: int, etag: str = "") -> None:
         """Checkpoint ``complete_id`` is complete: pending deltas up to it are now in the pool; read there."""
         if self._read_checkpoint is None or complete_id > self._read_checkpoint:
             self._cache.drop_operator_state()
@@ -442,6 +475,7 @@ class RemoteReadBackend:
         self._pending = keep
         if self._read_checkpoint is None or complete_id > self._read_checkpoint:
             self._read_checkpoint = complete_id
+            self._read_etag = etag
             self._generation += 1
 
     def refresh_completion(self) -> int | None:
@@ -452,10 +486,11 @@ class RemoteReadBackend:
         # before this backend rewound to an older checkpoint) must not become its read checkpoint
         # an abandoned version of an id this backend committed again is an older attempt's, without this backend's part
         mine = {cid for cid, _ in self._pending}
-        complete = [c.checkpoint_id for c in self._pool.list_checkpoints(self.job) if c.complete and not c.abandoned and c.checkpoint_id in mine]
+        complete = [c for c in self._pool.list_checkpoints(self.job) if c.complete and not c.abandoned and c.checkpoint_id in mine]
         if complete:
+            newest = max(complete, key=lambda c: c.checkpoint_id)
             with self._lock:
-                self._release_pending(max(complete))
+                self._release_pending(newest.checkpoint_id, newest.manifest_etag)
         return self._read_checkpoint
 
     def snapshot(self, checkpoint_id: int) -> CommitResult:
@@ -506,7 +541,7 @@ class RemoteReadBackend:
                 self._operators.update({o: u for o, u in operators.items() if u or o not in self._operators})
                 self._pending.append((checkpoint_id, shipping))
                 if result.checkpoint.complete:
-                    self._release_pending(checkpoint_id)
+                    self._release_pending(checkpoint_id, result.checkpoint.manifest_etag)
                 self.last_commit = result
         if self._pending:
             try:
@@ -562,6 +597,7 @@ class RemoteReadBackend:
             self._cache.clear()
             self._generation += 1
             self._read_checkpoint = checkpoint_id
+            self._read_etag = info.manifest_etag
             self._parent_id = checkpoint_id
             self._operators.update({o: u for o, u in info.operators.items() if u or o not in self._operators})
             if info.state_versions:
@@ -588,6 +624,7 @@ class RemoteReadBackend:
             self._cache.clear()
             self._generation += 1
             self._read_checkpoint = None
+            self._read_etag = ""
             self._parent_id = 0
 
     # -- export -------------------------------------------------------------------------------------
@@ -602,6 +639,9 @@ class RemoteReadBackend:
 
     def export_arrow_snapshot(self) -> bytes:
         """The canonical snapshot stream of this range: the pool's scan with every local change overlaid."""
+        return self._again_if_moved_on(self._export)
+
+    def _export(self) -> bytes:
         self._check_open()
         with self._lock:
             changes = changelog_table(self._local_changes())
@@ -613,7 +653,7 @@ class RemoteReadBackend:
             blob = snapshot.SnapshotArrowWriter(self.state_versions).write(table)
         else:
             delta = snapshot.SnapshotArrowWriter(self.state_versions, changelog=True).write(changes) if changes.num_rows else b""
-            blob = self._pool.scan_checkpoint(self.job, checkpoint, key_groups=(lo, hi), delta=delta)
+            blob = self._pool.scan_checkpoint(self.job, checkpoint, key_groups=(lo, hi), delta=delta, manifest_etag=self._read_etag)
         local_versions = dict(self.state_versions.items())
         if not ttl_slots and not local_versions:
             return blob

@@ -160,9 +160,6 @@ def _info(msg: pb.CheckpointInfo) -> CheckpointInfo:
     )
 
 
-_MAX_TOKENS = 4096  # manifest etags remembered per client (job, checkpoint id)
-
-
 class PoolClient:
     """A RemotePool connection: deadlines on every call, retries with backoff and jitter, domain errors only."""
 
@@ -195,22 +192,6 @@ class PoolClient:
         self._metadata = (("authorization", f"Bearer {self.config.token}"),) if self.config.token else None
         self.calls = 0
         self.retries = 0
-        # the newest _metadata etag seen per (job, checkpoint): sent back on reads so the pool may trust its cached manifest
-        self._tokens: dict[tuple[str, int], str] = {}
-
-    def _remember(self, job: str, checkpoint_id: int, etag: str) -> None:
-        if etag and checkpoint_id:
-            if len(self._tokens) >= _MAX_TOKENS:
-                self._tokens.clear()
-            self._tokens[(job, checkpoint_id)] = etag
-
-    def _seen(self, info: CheckpointInfo) -> CheckpointInfo:
-        if info.complete:
-            self._remember(info.job, info.checkpoint_id, info.manifest_etag)
-        return info
-
-    def _token(self, job: str, checkpoint_id: int) -> str:
-        return self._tokens.get((job, checkpoint_id), "") if checkpoint_id else ""
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -327,34 +308,39 @@ class PoolClient:
             self.calls += 1
             try:
                 resp = self._stub.CommitCheckpoint(chunks(), timeout=self.config.commit_deadline_s, metadata=self._metadata)
-                info = self._seen(_info(resp.checkpoint))
+                info = _info(resp.checkpoint)
                 return CommitResult(info, resp.bytes_written, attempts=attempt + 1, recovered=resp.repeated and attempt > 0)
             except grpc.RpcError as exc:
                 self._back_off_or_raise(exc.code(), exc.details(), what, attempt)
                 attempt += 1
 
-    def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes) -> bytes | None:
+    def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes, manifest_etag: str = "") -> bytes | None:
         """The value of one key at a checkpoint (0: newest complete), None when absent."""
-        req = pb.GetRequest(job=job, checkpoint_id=checkpoint_id, op_id=op_id, key_bytes=key, manifest_etag=self._token(job, checkpoint_id))
-        resp = self._call(f"get from job {job!r} checkpoint {checkpoint_id}", lambda: self._stub.Get(req, timeout=self._deadline(), metadata=self._metadata))
-        self._remember(job, resp.checkpoint_id, resp.manifest_etag)
-        return resp.value if resp.found else None
+        return self.multi_get_at(job, checkpoint_id, [op_id], [key], manifest_etag)[0][0]
 
-    def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes]) -> list[bytes | None]:
+    def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str = "") -> list[bytes | None]:
         """Values of many keys in one call, in order; ``op_ids`` is one per key or a single shared one."""
+        return self.multi_get_at(job, checkpoint_id, op_ids, keys, manifest_etag)[0]
+
+    def multi_get_at(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes],
+                     manifest_etag: str = "") -> tuple[list[bytes | None], str]:
+        """multi_get, and the etag of the _metadata the pool read the answers from.
+
+        ``manifest_etag``: the version of the checkpoint the caller holds (a backend's read checkpoint); a pool whose cached
+        manifest has exactly it answers without reading _metadata again. Without it the pool reads _metadata to be sure.
+        """
         op_ids = list(op_ids)
         if len(op_ids) == 1 and len(keys) != 1:
             op_ids = op_ids * len(keys)  # the proto allows one shared op_id; pairing them up works with every pool version
-        req = pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=op_ids, keys=list(keys), manifest_etag=self._token(job, checkpoint_id))
+        req = pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=op_ids, keys=list(keys), manifest_etag=manifest_etag)
         resp = self._call(
             f"multi-get of {len(keys)} key(s) from job {job!r} checkpoint {checkpoint_id}",
             lambda: self._stub.MultiGet(req, timeout=self._deadline(), metadata=self._metadata),
         )
-        self._remember(job, resp.checkpoint_id, resp.manifest_etag)
         if len(resp.found) != len(keys) or len(resp.values) not in (len(keys), 0):
             raise UnavailableError(f"pool answered a multi-get of {len(keys)} key(s) with {len(resp.found)} result(s)")
         values = resp.values
-        return [values[i] if hit else None for i, hit in enumerate(resp.found)]
+        return [values[i] if hit else None for i, hit in enumerate(resp.found)], resp.manifest_etag
 
     def scan_checkpoint(
         self,
@@ -363,10 +349,10 @@ class PoolClient:
         key_groups: KeyGroups | None = None,
         op_ids: Sequence[int] = (),
         delta: bytes = b"",
+        manifest_etag: str = "",
     ) -> bytes:
         """One canonical snapshot stream for a checkpoint, range and operators, with an optional changelog overlaid."""
-        req = pb.ScanCheckpointRequest(job=job, checkpoint_id=checkpoint_id, op_ids=list(op_ids), delta=delta,
-                                       manifest_etag=self._token(job, checkpoint_id))
+        req = pb.ScanCheckpointRequest(job=job, checkpoint_id=checkpoint_id, op_ids=list(op_ids), delta=delta, manifest_etag=manifest_etag)
         if key_groups is not None:
             req.key_groups.CopyFrom(_range(key_groups))
 
@@ -387,7 +373,7 @@ class PoolClient:
         resp = self._call(
             f"list checkpoints of job {job!r}", lambda: self._stub.ListCheckpoints(req, timeout=self._deadline(), metadata=self._metadata)
         )
-        return [self._seen(_info(c)) for c in resp.checkpoints]
+        return [_info(c) for c in resp.checkpoints]
 
     def describe_checkpoint(self, job: str, checkpoint_id: int) -> tuple[CheckpointInfo, str]:
         """A checkpoint's info and its manifest JSON as stored."""
@@ -396,7 +382,7 @@ class PoolClient:
             f"describe checkpoint {checkpoint_id} of job {job!r}",
             lambda: self._stub.DescribeCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
         )
-        return self._seen(_info(resp.checkpoint)), resp.manifest_json
+        return _info(resp.checkpoint), resp.manifest_json
 
     def delete_checkpoint(self, job: str, checkpoint_id: int) -> None:
         """Delete one checkpoint (its files are left to GC)."""

@@ -217,6 +217,9 @@ class CommitProtocol:
         if not table.holds(kg.lo, kg.hi, epoch):
             raise fenced_error(job, kg, epoch, table)
         if source is not None and not self._source_holds(source, part):
+            done = self._complete_with(job, cid, kg, epoch)
+            if done is not None:  # a completer checked this part's parent before it went, and published it: done
+                return CommitResult(info_of(job, done), written, repeated)
             raise NotFoundError(f"parent checkpoint {pid} of job {job} was deleted or replaced while checkpoint {cid} was committed; "
                                 "this part will never complete a checkpoint: restore from a complete checkpoint")
         manifest = self.complete(job, cid, listing, table, deadline=self.clock() + self.config.max_commit_s)
@@ -258,6 +261,14 @@ class CommitProtocol:
         if (staged.sha256 if staged else None) != delta_sha:
             raise ConflictError(f"key groups {kg} of checkpoint {cid} of job {job} were already committed by this writer with another delta")
         return existing
+
+    def _complete_with(self, job: str, cid: int, kg: KeyGroupRange, epoch: int) -> Manifest | None:
+        """Checkpoint ``cid``'s manifest if it is complete with this writer's part, else None."""
+        try:
+            manifest = self.reader(job).manifest(cid)
+        except NotFoundError:
+            return None
+        return manifest if manifest.part_for(kg.lo, kg.hi, epoch) is not None else None
 
     def _source_holds(self, source: ParentSource, part: Manifest) -> bool:
         """Whether the parent still holds every file this part carried from it, checked after the part was written (I6)."""

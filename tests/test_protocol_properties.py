@@ -1,13 +1,14 @@
 """Property: any history of rescales, rewinds that reuse ids, compactions and deltas reads as a dict model says.
 
 Built not to mask what the earlier randomized tests hid: deltas may be keyed-only, empty, or operator-state only;
-operator state is erased as often as written; few keys, so folds come out empty; rewinds reuse checkpoint ids; splits
-halve and double (4 -> 2 -> 4 -> 2), so parts share files across shapes.
+operator state is erased as often as written; few keys, so folds come out empty; rewinds reuse checkpoint ids; the
+parallelism walks by halving and doubling (4 -> 2 -> 4 -> 2), so parts share files across shapes; writes are sparse,
+so an old value stays unwritten long enough to come back if layers were ever applied out of order.
 """
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import snapshot as s
@@ -19,7 +20,7 @@ from store.memory import MemoryStore
 from tests.pool_core_helpers import changelog
 
 OPS = (s.operator_id("counter"), s.operator_id("window"))
-KEYED = [s.encode_keyed_key("v", f"k{i}".encode()) for i in range(10)]
+KEYED = [s.encode_keyed_key("v", f"k{i}".encode()) for i in range(10)]  # key groups 13 14 39 40 41 65 90 91 116 118
 OPERATOR = [s.encode_operator_key("o", f"o{i}".encode()) for i in range(2)]
 Model = dict[tuple[int, bytes], bytes]
 
@@ -38,58 +39,86 @@ def merged_operator_writes(writes: list[dict]) -> dict:
     return out
 
 
-def ranges_of(shape: tuple[str, int]) -> list[KeyGroupRange]:
-    kind, n = shape
-    if kind == "even":
-        step = 128 // n
-        return [KeyGroupRange(i * step, i * step + step - 1) for i in range(n)]
-    cuts = sorted({(n * 37 + i * 53) % 127 + 1 for i in range(n - 1)})
-    bounds = [0, *cuts, 128]
-    return [KeyGroupRange(a, b - 1) for a, b in zip(bounds, bounds[1:], strict=False)]
+def even(n: int) -> list[KeyGroupRange]:
+    step = 128 // n
+    return [KeyGroupRange(i * step, i * step + step - 1) for i in range(n)]
 
 
-writes = st.lists(
-    st.tuples(st.booleans(), st.integers(0, 9), st.sampled_from(OPS), st.sampled_from(["put8", "puttext", "erase"]), st.integers(-5, 99)),
-    max_size=6,
-)
-steps = st.lists(
-    st.one_of(
-        st.tuples(st.just("commit"), st.lists(writes, min_size=8, max_size=8)),
-        st.tuples(st.just("rescale"), st.sampled_from([("even", 1), ("even", 2), ("even", 4), ("even", 8), ("uneven", 3), ("uneven", 5)]),
-                  st.integers(0, 3)),
-        st.tuples(st.just("compact"), st.integers(0, 3), st.booleans()),
-    ),
-    min_size=4,
-    max_size=16,
-)
+write = st.tuples(st.booleans(), st.integers(0, 9), st.sampled_from(OPS), st.sampled_from(["put8", "puttext", "erase"]), st.integers(-5, 99))
+commit = st.tuples(st.lists(st.lists(write, max_size=4), min_size=8, max_size=8), st.sampled_from(["sparse", "sparse", "sparse", "erase-all"]))
+era = st.fixed_dictionaries({
+    "move": st.sampled_from([-1, 1, 1, -1, 0]),  # halve or double the parallelism (or keep it)
+    "back": st.sampled_from([0, 0, 0, 1, 2]),  # > 0: a rewind, whose commits reuse the ids after its base
+    "commits": st.lists(commit, min_size=1, max_size=3),
+    "compact": st.sampled_from([None, None, 0, 1]),  # compact the latest (0) or the one before (1) after the era
+    "force": st.booleans(),
+})
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(history=steps, first=st.sampled_from([("even", 1), ("even", 2), ("even", 4), ("uneven", 3)]))
-def test_every_history_reads_as_the_model_says(history, first):
+def _era(move: int, commits: list, compact: int | None = None, force: bool = False, back: int = 0) -> dict:
+    return {"move": move, "back": back, "commits": [(c, "sparse") for c in commits], "compact": compact, "force": force}
+
+
+def _writes(**by_writer: list) -> list:
+    """Writes per writer slot (w0..w7), each (operator, index, op, kind, number)."""
+    return [by_writer.get(f"w{i}", []) for i in range(8)]
+
+
+_NONE = _writes()
+# the reviewed defects as explicit examples, so the search always starts from them:
+# 1. 4 -> 2 -> 4 -> 2: k2 (key group 40) written by the second quarter, overwritten by the first half together with k5
+#    (key group 13); joined in key-group order, the quarter's older file came after the half's newer one
+DEFECT_1 = [_era(0, [_writes(w1=[(False, 1, OPS[0], "puttext", 1)])]),
+            _era(-1, [_writes(w0=[(False, 3, OPS[0], "puttext", 2), (False, 0, OPS[0], "puttext", 3)])]),
+            _era(1, [_NONE]), _era(-1, [_NONE])]
+# 2. one writer puts operator state; after a scale-out one half erases it and the other writes nothing; a forced
+#    compaction folds the first half to nothing, and the other half's copy of the put came back
+DEFECT_2 = [_era(0, [_writes(w0=[(True, 0, OPS[0], "puttext", 1)])]),
+            _era(1, [_writes(w0=[(True, 0, OPS[0], "erase", 0)])], compact=0, force=True)]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(eras=DEFECT_1, start=4)
+@example(eras=DEFECT_2, start=1)
+@given(eras=st.lists(era, min_size=2, max_size=7), start=st.sampled_from([1, 2, 4, 8]))
+def test_every_history_reads_as_the_model_says(eras, start):
     store = MemoryStore()
     pools = [PoolCore(store, PoolConfig(segment_target_bytes=256, resolved_index_after=-1)) for _ in range(2)]
     life = Lifecycle(store)
     states: dict[int, Model] = {}  # complete checkpoints of the current attempt
     lineage: list[int] = []
-    writers = [(kg, pools[0].acquire_writer("j", kg)[0]) for kg in ranges_of(first)]
-    parent, state, next_cid = 0, {}, 1
-    for n, step in enumerate(history):
-        if step[0] == "commit":
+    n = start
+    writers = [(kg, pools[0].acquire_writer("j", kg)[0]) for kg in even(n)]
+    parent, state, next_cid, step = 0, {}, 1, 0
+    for e, plan in enumerate(eras):
+        if e and lineage:
+            back = min(plan["back"], len(lineage) - 1)
+            base = lineage[-1 - back]
+            lineage = lineage[: len(lineage) - back]
+            n = max(1, min(8, n * 2 if plan["move"] > 0 else n // 2 if plan["move"] < 0 else n))
+            writers = [(kg, pools[e % 2].acquire_writer("j", kg, restore_from=base)[0]) for kg in even(n)]
+            state, parent, next_cid = states[base], base, base + 1
+            assert CheckpointReader(store, "j").latest() == base  # what a rewind left behind is never latest
+        for spec, mode in plan["commits"]:
             cid = next_cid
-            op_writes = []
             new = dict(state)
+            op_writes = []
             for i, (kg, epoch) in enumerate(writers):
-                rows, mine = [], {}
                 keyed_here = [k for k in KEYED if kg.lo <= k[0] <= kg.hi]
-                for operator, idx, op, kind, number in step[1][i % 8]:
+                writes = spec[i % 8]
+                if mode == "erase-all":  # the range and the operator state emptied: folds come out empty
+                    writes = [(False, j, op, "erase", 0) for j in range(len(keyed_here)) for op in OPS]
+                    writes += [(True, j, op, "erase", 0) for j in range(len(OPERATOR)) for op in OPS] if i == 0 else []
+                rows, mine = [], {}
+                for operator, idx, op, kind, number in writes:
                     if operator:
                         key = OPERATOR[idx % len(OPERATOR)]
                     elif keyed_here:
                         key = keyed_here[idx % len(keyed_here)]
                     else:
                         continue
-                    value = None if kind == "erase" else number.to_bytes(8, "little", signed=True) if kind == "put8" else f"v{cid}-{number}".encode()
+                    value = None if kind == "erase" else number.to_bytes(8, "little", signed=True) if kind == "put8" else f"v{cid}-{step}".encode()
+                    step += 1
                     rows.append((s.ROW_ERASE, op, key, b"") if value is None else (s.ROW_PUT, op, key, value))
                     if operator:
                         mine[(op, key)] = value
@@ -97,9 +126,8 @@ def test_every_history_reads_as_the_model_says(history, first):
                         new.pop((op, key), None)
                     else:
                         new[(op, key)] = value
-                op_writes.append({k: v for k, v in mine.items()})
-                request = CommitRequest("j", cid, parent, kg, epoch, "", ())
-                pools[(n + i) % 2].commit_checkpoint(request, [changelog(rows)])
+                op_writes.append(mine)
+                pools[(cid + i) % 2].commit_checkpoint(CommitRequest("j", cid, parent, kg, epoch, "", ()), [changelog(rows)])
             for key, value in merged_operator_writes(op_writes).items():
                 if value is None:
                     new.pop(key, None)
@@ -107,19 +135,12 @@ def test_every_history_reads_as_the_model_says(history, first):
                     new[key] = value
             states[cid], state, parent, next_cid = new, new, cid, cid + 1
             lineage.append(cid)
-            check(pools[n % 2], cid, new)
-        elif step[0] == "rescale" and lineage:
-            back = min(step[2], len(lineage) - 1)
-            base = lineage[-1 - back]  # back > 0: a rewind, whose next commits reuse the ids after base
-            lineage = lineage[: len(lineage) - back]
-            writers = [(kg, pools[1].acquire_writer("j", kg, restore_from=base)[0]) for kg in ranges_of(step[1])]
-            state, parent, next_cid = states[base], base, base + 1
-            assert CheckpointReader(store, "j").latest() == base  # what the rewind left behind is never latest
-        elif step[0] == "compact" and lineage:
-            cid = lineage[-1 - min(step[1], len(lineage) - 1)]
-            life.compact("j", cid, force=step[2])
+            check(pools[cid % 2], cid, new)
+        if plan["compact"] is not None and lineage:
+            cid = lineage[-1 - min(plan["compact"], len(lineage) - 1)]
+            life.compact("j", cid, force=plan["force"])
             check(pools[0], cid, states[cid])
-    for cid in lineage:  # every checkpoint of the attempt that survived reads the same at the end, on a fresh pool
+    for cid in lineage:  # every checkpoint of the attempt reads the same at the end, on a fresh pool
         check(PoolCore(store), cid, states[cid])
 
 

@@ -40,7 +40,6 @@ class LocalPool:
     def __init__(self, cores: list[PoolCore], rng: random.Random) -> None:
         self.cores = cores
         self.rng = rng
-        self.tokens: dict[tuple[str, int], str] = {}
         self.calls = 0
 
     def _core(self) -> PoolCore:
@@ -57,10 +56,7 @@ class LocalPool:
         raise AssertionError("unreachable")
 
     def _seen(self, info: PoolCheckpointInfo) -> CheckpointInfo:
-        out = client_info(info)
-        if out.complete and out.manifest_etag:
-            self.tokens[(out.job, out.checkpoint_id)] = out.manifest_etag
-        return out
+        return client_info(info)
 
     def acquire_writer(self, job: str, key_groups: tuple[int, int], restore_from: int | None = None) -> WriterLease:
         epoch, latest = self._retry(lambda _: self._core().acquire_writer(job, KeyGroupRange(*key_groups), restore_from))
@@ -78,26 +74,27 @@ class LocalPool:
         result = self._retry(run)
         return CommitResult(self._seen(result.checkpoint), result.bytes_written, recovered=result.repeated)
 
-    def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes) -> bytes | None:
-        return self.multi_get(job, checkpoint_id, [op_id], [key])[0]
+    def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes, manifest_etag: str = "") -> bytes | None:
+        return self.multi_get_at(job, checkpoint_id, [op_id], [key], manifest_etag)[0][0]
 
-    def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes]) -> list[bytes | None]:
+    def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str = "") -> list[bytes | None]:
+        return self.multi_get_at(job, checkpoint_id, op_ids, keys, manifest_etag)[0]
+
+    def multi_get_at(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str = ""):
         op_ids = list(op_ids) * len(keys) if len(op_ids) == 1 and len(keys) != 1 else list(op_ids)
 
         def run(_: int):
             core = self._core()
-            manifest, etag = core.resolve(job, checkpoint_id, self.tokens.get((job, checkpoint_id)))
-            found, values, cid = core.multi_get(job, manifest.checkpoint_id, op_ids, list(keys), etag)
-            self.tokens[(job, cid)] = etag
-            return found, values
+            manifest, etag = core.resolve(job, checkpoint_id, manifest_etag or None)
+            found, values, _ = core.multi_get(job, manifest.checkpoint_id, op_ids, list(keys), etag)
+            return [v if f else None for f, v in zip(found, values, strict=True)], etag
 
-        found, values = self._retry(run)
-        return [v if f else None for f, v in zip(found, values, strict=True)]
+        return self._retry(run)
 
-    def scan_checkpoint(self, job: str, checkpoint_id: int, key_groups=None, op_ids=(), delta: bytes = b"") -> bytes:
+    def scan_checkpoint(self, job: str, checkpoint_id: int, key_groups=None, op_ids=(), delta: bytes = b"", manifest_etag: str = "") -> bytes:
         kg = KeyGroupRange(*key_groups) if key_groups is not None else None
         return self._retry(lambda _: b"".join(self._core().scan(job, checkpoint_id, kg, list(op_ids), delta or None,
-                                                                  manifest_etag=self.tokens.get((job, checkpoint_id)))))
+                                                                  manifest_etag=manifest_etag or None)))
 
     def list_checkpoints(self, job: str, include_incomplete: bool = False) -> list[CheckpointInfo]:
         return [self._seen(i) for i in self._retry(lambda _: self._core().list_checkpoints(job, include_incomplete))]

@@ -29,13 +29,21 @@ class Actor:
     crash: bool = False
     thread: threading.Thread | None = None
     steps: int = 0
+    priority: float = 0.0
+    waiting_since_ms: int = 0
 
 
 class Scheduler:
     """Runs actors one at a time; ``step()`` lets one (chosen by the seeded rng) run to its next store call."""
 
-    def __init__(self, rng: random.Random, stall_timeout_s: float = 60.0) -> None:
+    def __init__(self, rng: random.Random, stall_timeout_s: float = 60.0, pct: float = 0.0, max_pause_ms: int | None = None) -> None:
         self.rng = rng
+        # pct > 0: priority scheduling (as PCT): the highest-priority actor runs until, with this chance per step, it is
+        # pre-empted to the lowest priority right where it stands, so one actor stalls mid-operation while others finish
+        self.pct = pct
+        # the protocol assumes no process pauses longer than this between two store calls (its time bounds rely on it):
+        # an actor that has waited so long runs next
+        self.max_pause_ms = max_pause_ms
         self.actors: list[Actor] = []
         self.stall_timeout_s = stall_timeout_s
         self._yielded = threading.Event()
@@ -49,7 +57,7 @@ class Scheduler:
 
     def spawn(self, name: str, fn: Callable[[], object]) -> Actor:
         """A new actor; it starts running only when the scheduler picks it."""
-        actor = Actor(name, fn)
+        actor = Actor(name, fn, priority=self.rng.random(), waiting_since_ms=self.now_ms)
 
         def body() -> None:
             self._local.actor = actor
@@ -78,6 +86,7 @@ class Scheduler:
         if actor is None:
             return  # the world's own checks read the store directly
         actor.state = "waiting"
+        actor.waiting_since_ms = self.now_ms
         self._yielded.set()
         actor.go.wait()
         actor.go.clear()
@@ -94,6 +103,14 @@ class Scheduler:
         ready = self.runnable()
         if not ready:
             return None
+        if actor is None and self.max_pause_ms is not None:
+            starved = [a for a in ready if self.now_ms - a.waiting_since_ms > self.max_pause_ms]
+            if starved:
+                actor = min(starved, key=lambda a: a.waiting_since_ms)
+        if actor is None and self.pct:
+            actor = max(ready, key=lambda a: a.priority)
+            if self.rng.random() < self.pct:
+                actor.priority = min(a.priority for a in self.actors) - 1.0
         actor = actor or self.rng.choice(ready)
         self._yielded.clear()
         actor.steps += 1

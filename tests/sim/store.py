@@ -30,13 +30,20 @@ class SimStore(ObjectStore):
         self.error_rate = 0.0  # fails before the call takes effect (connection reset, throttling)
         self.lost_rate = 0.0  # a write takes effect, then its reply is lost
         self.faults: Counter[str] = Counter()
+        self.seq = 0  # effects so far: every write that took effect gets the next number
+        self.on_effect = None  # callback(seq, op, key, data, before) after a write takes effect (the world's observer)
 
     def _call(self, op: str, key: str, fn):
         self.scheduler.point()
         if self.scheduler.current() is not None and self.error_rate and self.rng.random() < self.error_rate:
             self.faults["error"] += 1
             raise SimFault(f"{op} {key}: connection reset (injected)")
+        before = self.inner.objects.get(key) if op in WRITES else None
         result = fn()
+        if op in WRITES:
+            self.seq += 1
+            if self.on_effect is not None:
+                self.on_effect(self.seq, op, key, before)
         if op in WRITES and self.scheduler.current() is not None:
             if self.lost_rate and self.rng.random() < self.lost_rate:
                 self.faults["lost"] += 1

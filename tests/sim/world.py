@@ -20,7 +20,7 @@ from client.backend import BackendConfig, RemoteReadBackend
 from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.lifecycle import Lifecycle, LifecycleConfig
-from snapshot.errors import ClinkError
+from snapshot.errors import ClinkError, NotFoundError
 from store.checkpoint import CheckpointReader, SegmentCache
 from store.layout import parse_job_key
 from store.manifest import parse_manifest
@@ -120,16 +120,21 @@ class World:
     def __init__(self, seed: int, faults: bool = True) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
-        self.sched = Scheduler(random.Random(seed * 7919 + 1))
+        self.sched = Scheduler(random.Random(seed * 7919 + 1), pct=random.Random(seed).choice([0.0, 0.0, 0.02, 0.1]))
+        # no process pauses longer than a quarter of GC's minimum age between two store calls (docs/protocol.md)
         self.store = SimStore(self.sched, random.Random(seed * 104729 + 2))
         if faults:
             self.store.error_rate = self.rng.choice([0.0, 0.01, 0.03])
             self.store.lost_rate = self.rng.choice([0.0, 0.01, 0.02])
         self.crash_rate = self.rng.choice([0.0, 0.001, 0.004]) if faults else 0.0
         self.min_age_ms = self.rng.choice([2000, 6000, 20000])
+        self.sched.max_pause_ms = self.min_age_ms // 4
         n_pools = self.rng.randint(1, 3)
         self.pools = [self._pool(i) for i in range(n_pools)]
         self.client_rng = random.Random(seed * 31 + 3)
+        self.fenced_at: dict[tuple[int, int, int], int] = {}  # (lo, hi, epoch) -> store effect that fenced it
+        self.part_written_at: dict[str, int] = {}  # part key -> store effect that wrote it
+        self.store.on_effect = self.observe
         self.parts: dict[PartId, PartModel] = {}
         self.subtasks: list[Subtask] = []
         self.zombies: list[Subtask] = []
@@ -161,6 +166,11 @@ class World:
         self.time_weight = self.rng.choice([0.5, 2, 5])  # how often time jumps (files age past GC's minimum age)
         self.parallelism = 1
         self.rescale_weight = self.rng.choice([0.3, 1, 3])
+        self.gc_race = self.rng.random() < 0.12  # one writer committing back to back while GC, retention and compaction race it
+        self.gc_focus = self.gc_race or self.rng.random() < 0.3  # maintenance, GC and retention dominate; time passes quickly
+        if self.gc_focus:
+            self.time_weight = 6
+            self.compact_weight = 0.5
 
     # ---- construction -----------------------------------------------------------------------------------------
 
@@ -178,6 +188,19 @@ class World:
 
     def _local_pool(self) -> LocalPool:
         return LocalPool([c for c, _ in self.pools], random.Random(self.client_rng.getrandbits(32)))
+
+    def observe(self, seq: int, op: str, key: str, before) -> None:
+        """Record when each writer was fenced and when each part landed, from the store's own effects."""
+        if key == f"jobs/{JOB}/writers" and op in ("compare_and_swap", "put_if_absent", "put"):
+            from store.writers import parse_writers
+
+            old = parse_writers(before[0], key).writers if before else ()
+            new = {(w.kg_lo, w.kg_hi, w.epoch) for w in self.writers().writers}
+            for w in old:
+                if (w.kg_lo, w.kg_hi, w.epoch) not in new:
+                    self.fenced_at.setdefault((w.kg_lo, w.kg_hi, w.epoch), seq)
+        elif op == "put_if_absent" and "/parts/" in key and key.startswith(f"jobs/{JOB}/"):
+            self.part_written_at.setdefault(key, seq)
 
     def fail(self, what: str) -> None:
         tail = "\n  ".join(self.actions[-25:])
@@ -302,6 +325,10 @@ class World:
                 part = self.parts.get(pid)
                 if part is not None and part.fenced_before:
                     self.fail(f"checkpoint {cid} holds part {pid} of a writer fenced before it committed")
+                fenced = self.fenced_at.get(pid[1:])
+                written = self.part_written_at.get(f"jobs/{JOB}/chk-{pid[0]}/parts/{pid[1]}-{pid[2]}-e{pid[3]}.json")
+                if fenced is not None and written is not None and written > fenced:
+                    self.fail(f"checkpoint {cid} holds part {pid}, written (store effect {written}) after its writer was fenced (effect {fenced})")
             self.verify_state(JOB, cid, self.model_of(cid, self.part_ids(m)), m)
         now = self.sched.now_ms
         for cid, expires in self.pinned.items():
@@ -427,6 +454,15 @@ class World:
     # ---- the workload ------------------------------------------------------------------------------------------
 
     def write(self, sub: Subtask) -> None:
+        if self.rng.random() < 0.08:  # everything it holds erased, operator state too: the next folds come out empty
+            for key in list(sub.keyed):
+                sub.backend.erase(*key)
+                sub.keyed.pop(key)
+            for op in OPS:
+                for name in self.op_names:
+                    sub.backend.erase(op, op_key(name))
+                    sub.unshipped_ops[(op, op_key(name))] = None
+            return
         for _ in range(self.rng.randint(1, 6)):
             op = self.rng.choice(OPS)
             if self.rng.random() < self.op_write:
@@ -478,6 +514,10 @@ class World:
                     self.fail(f"commit raised {type(actor.error).__name__}: {actor.error}")
                 if isinstance(actor.error, SimCrash):
                     self.on_crash(sub)
+                elif isinstance(actor.error, NotFoundError) and sub in self.subtasks:
+                    self.note(f"subtask {sub.uid} lost its parent: the job restarts it from the latest checkpoint")
+                    self.subtasks.remove(sub)
+                    self.failover(sub)
             sub.next_cid = max(sub.next_cid, cid + 1)
 
         if sub.zombie:
@@ -572,7 +612,8 @@ class World:
         self.group_target = cid
         n = self.rng.randint(1, 8)
         if self.binary_splits:  # aligned halves and quarters, doubling or halving: 4 -> 2 -> 4 -> 2 shares files across shapes
-            n = max(1, min(8, self.parallelism * 2 if self.rng.random() < 0.5 else self.parallelism // 2))
+            self.halving = not getattr(self, "halving", False) if self.parallelism not in (1, 8) else self.parallelism == 8
+            n = max(1, min(8, self.parallelism // 2 if self.halving else self.parallelism * 2))
         self.parallelism = n
         same = sorted((t.lo, t.hi) for t in self.subtasks)
         tiled = bool(same) and same[0][0] == 0 and same[-1][1] == 127 and all(a[1] + 1 == b[0] for a, b in zip(same, same[1:], strict=False))
@@ -586,8 +627,10 @@ class World:
         core, life = self.rng.choice(self.pools)
         versions = self.complete_versions()
         choice = self.rng.random()
+        if self.gc_focus and choice < 0.5:  # half of it GC or retention (keep 1), right behind the commits
+            choice = self.compact_weight + (0.3 if choice < 0.3 else 0.05)
         if choice < self.compact_weight and versions:
-            cid = self.rng.choice(sorted(versions))
+            cid = max(versions) if self.gc_focus else self.rng.choice(sorted(versions))  # folding the newest frees its layers soonest
             self.stats["compactions"] += 1
             self.note(f"compact {cid}")
             self.launch(f"compact-{cid}", lambda: life.compact(JOB, cid, force=self.rng.random() < 0.5), self._ignore_errors("compact"))
@@ -668,8 +711,20 @@ class World:
         idle = [t for t in self.subtasks if t.busy is None and t.restored]
         zombies = [z for z in self.zombies if z.busy is None]
         w = self.restart_weight
+        if self.gc_race:
+            choices = [("write", 20 if idle else 0), ("snapshot", 30 if idle else 0), ("maintenance", 40), ("time", 10)]
+            action = self.rng.choices([c for c, _ in choices], weights=[x for _, x in choices])[0]
+            if action == "write":
+                self.write(self.rng.choice(idle))
+            elif action == "snapshot":
+                self.snapshot(self.rng.choice(idle))
+            elif action == "maintenance":
+                self.maintenance()
+            else:
+                self.sched.now_ms += self.min_age_ms // self.rng.choice([4, 8, 16])
+            return
         choices = [("write", 30 if idle else 0), ("snapshot", 30 if idle else 0), ("read", 8 if idle else 0),
-                   ("zombie", 5 if zombies else 0), ("maintenance", 12), ("failover", 0.6 * w if idle else 0),
+                   ("zombie", 5 if zombies else 0), ("maintenance", 36 if self.gc_focus else 12), ("failover", 0.6 * w if idle else 0),
                    ("rescale", self.rescale_weight), ("rewind", 0.5 * w), ("time", self.time_weight), ("zombie dies", 2 if self.zombies else 0), ("recreate", 0.1)]
         action = self.rng.choices([c for c, _ in choices], weights=[x for _, x in choices])[0]
         if action == "write":
@@ -693,7 +748,7 @@ class World:
         elif action in ("rescale", "rewind"):
             self.rescale(rewind=action == "rewind")
         elif action == "time":  # time passes: files age past GC's minimum age, commits in flight overrun theirs
-            self.sched.now_ms += self.min_age_ms // self.rng.choice([2, 4, 12])
+            self.sched.now_ms += self.min_age_ms // self.rng.choice([4, 8, 16])
         elif action == "zombie dies":
             self.zombies.pop(self.rng.randrange(len(self.zombies)))
         elif action == "recreate":
@@ -715,6 +770,7 @@ class World:
             self.store.inner.delete(key)
         self.life += 1
         self.parts = {}  # a new life: epochs of the earlier one never come back, so its part ids never collide
+        self.part_written_at = {}
         self.verified = set()
         self.deleted |= set(self.pinned)
         self.pinned = {}
@@ -730,13 +786,15 @@ class World:
     # ---- running -----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        n = self.rng.choice([1, 2, 4, 8]) if self.binary_splits else self.rng.randint(1, 8)
+        n = 1 if self.gc_race else self.rng.choice([1, 2, 4, 8]) if self.binary_splits else self.rng.randint(1, 8)
         self.parallelism = n
         for lo, hi in even(n) if self.binary_splits else split(self.rng, n):
             self.subtasks.append(self.new_subtask(lo, hi, restored=True))
         self.note(f"job starts with {len(self.subtasks)} subtasks: {[(t.lo, t.hi) for t in self.subtasks]}")
 
     def run(self, steps: int) -> dict:
+        if self.gc_focus:
+            steps *= 2  # garbage needs a long history: checkpoints folded, then retired, then old enough
         with deterministic_ids(random.Random(self.seed * 17 + 5)):
             self.start()
             for self.step_no in range(1, steps + 1):
