@@ -322,9 +322,10 @@ class RemoteReadBackend:
             raise InvalidArgumentError(f"backend for job {self.job!r} key groups {self.key_groups[0]}-{self.key_groups[1]} is closed")
 
     def _check_key(self, key: bytes) -> None:
-        if not key:
-            raise InvalidArgumentError("key_bytes is empty; a state key starts with its key-group byte (or 0xFF for operator state)")
-        lead = key[0]
+        try:
+            lead = key[0]
+        except IndexError:
+            raise InvalidArgumentError("key_bytes is empty; a state key starts with its key-group byte (or 0xFF for operator state)") from None
         lo, hi = self.key_groups
         if lead < NUM_KEY_GROUPS and not lo <= lead <= hi:
             raise InvalidArgumentError(f"key {bytes(key)[:32]!r} is in key group {lead}, outside this backend's range {lo}-{hi}")
@@ -388,43 +389,52 @@ class RemoteReadBackend:
         except ClinkError:
             return False
 
-    def _again_if_moved_on(self, read):
-        """Run a read; when its checkpoint is gone but a newer one of this backend's completed meanwhile, run it once more."""
+    def _again_if_moved_on(self, read, again=None):
+        """Run a read; when its checkpoint is gone but a newer one of this backend's completed meanwhile, run ``again`` (or it)."""
         try:
             return read()
         except NotFoundError:
             if not self._moved_on():
                 raise
-        return read()
+        return (again or read)()
 
     def get(self, op_id: int, key_bytes: bytes) -> bytes | None:
         """The current value of a key (None when absent): delta, cache, then the pool."""
-        return self._again_if_moved_on(lambda: self._get(op_id, key_bytes))
-
-    def _get(self, op_id: int, key_bytes: bytes) -> bytes | None:
         self._check_open()
         k = self._read_key(op_id, key_bytes)
         with self._lock:
             found, value = self._local(k)
             if found:
                 return value
-            checkpoint, generation = self._read_checkpoint, self._generation
-        values, etag = self._pool.multi_get_at(self.job, checkpoint, [op_id], [k[1]], self._read_etag)
-        value = values[0]
+        return self._again_if_moved_on(lambda: self._fetch(op_id, [k]), lambda: self._fetch(op_id, [k], True))[0]
+
+    def _fetch(self, op_id: int, ks: list[StateKey], recheck: bool = False) -> list[bytes | None]:
+        """Keys no local layer holds, from the pool at the read checkpoint in one MultiGet (cached unless written meanwhile).
+
+        ``recheck``: the read checkpoint moved since the keys were looked up locally, so look again first.
+        """
+        with self._lock:
+            checkpoint, generation, etag = self._read_checkpoint, self._generation, self._read_etag
+            held = [self._local(k) for k in ks] if recheck else [(False, None)] * len(ks)
+        ask = [i for i, (found, _) in enumerate(held) if not found]
+        out = [value for _, value in held]
+        if not ask:
+            return out
+        fetched, etag = self._pool.multi_get_at(self.job, checkpoint, [op_id], [ks[i][1] for i in ask], etag)
         self._adopt(checkpoint, etag)
         with self._lock:
-            if generation == self._generation and not self._local_layers_hold(k):
-                self._cache.store(k, value)
-        return value
+            cache_ok = generation == self._generation
+            for i, value in zip(ask, fetched, strict=True):
+                out[i] = value
+                if cache_ok and not self._local_layers_hold(ks[i]):
+                    self._cache.store(ks[i], value)
+        return out
 
     def _local_layers_hold(self, k: StateKey) -> bool:
         return k in self._delta or k in self._shipping or any(k in layer for _, layer in self._pending)
 
     def get_many(self, op_id: int, keys: Sequence[bytes]) -> list[bytes | None]:
         """Values of many keys of one operator, in order; every miss goes to the pool in ONE MultiGet."""
-        return self._again_if_moved_on(lambda: self._get_many(op_id, keys))
-
-    def _get_many(self, op_id: int, keys: Sequence[bytes]) -> list[bytes | None]:
         self._check_open()
         ks = [self._read_key(op_id, key) for key in keys]
         out: list[bytes | None] = [None] * len(ks)
@@ -436,17 +446,11 @@ class RemoteReadBackend:
                     out[i] = value
                 else:
                     miss_idx.append(i)
-            checkpoint, generation = self._read_checkpoint, self._generation
-        if not miss_idx:
-            return out
-        fetched, etag = self._pool.multi_get_at(self.job, checkpoint, [op_id], [ks[i][1] for i in miss_idx], self._read_etag)
-        self._adopt(checkpoint, etag)
-        with self._lock:
-            cache_ok = generation == self._generation
+        if miss_idx:
+            missing = [ks[i] for i in miss_idx]
+            fetched = self._again_if_moved_on(lambda: self._fetch(op_id, missing), lambda: self._fetch(op_id, missing, True))
             for i, value in zip(miss_idx, fetched, strict=True):
                 out[i] = value
-                if cache_ok and not self._local_layers_hold(ks[i]):
-                    self._cache.store(ks[i], value)
         return out
 
     # -- checkpoints --------------------------------------------------------------------------------

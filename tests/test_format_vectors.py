@@ -1,4 +1,4 @@
-"""Conformance: every entry of ../shared/format-vectors/expected.json against snapshot/."""
+"""Conformance: every entry of format-vectors/expected.json (the in-repo copy of ../shared/format-vectors) against snapshot/."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from snapshot import (
     UnsupportedFormatVersionError,
 )
 
-VECTORS = Path(__file__).resolve().parents[1].parent / "shared" / "format-vectors"
+VECTORS = Path(__file__).resolve().parents[1] / "format-vectors"  # a copy of ../shared/format-vectors (test_format_vectors checks they agree)
 EXPECTED = json.loads((VECTORS / "expected.json").read_text())
 SNAPSHOTS = EXPECTED["snapshots"]
 MERGE = EXPECTED["merge"]
@@ -260,3 +260,15 @@ def test_merge_vector_offset_rule_is_order_independent() -> None:
     offsets = [r for r in rows_ab if r[1] == snapshot.encode_operator_key("offsets", b"partition-0").hex()]
     assert offsets == [r for r in rows_ba if r[1] == offsets[0][1]], "the 8-byte offset rule must not depend on input order"
     assert len(offsets) == 1 and offsets[0][2] == (900).to_bytes(8, "little").hex()
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "format-vectors"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared checkout next to this clone: the in-repo copy is the reference")
+def test_the_in_repo_vectors_are_identical_to_the_shared_ones() -> None:
+    ours = sorted(p.relative_to(VECTORS) for p in VECTORS.rglob("*") if p.is_file())
+    theirs = sorted(p.relative_to(SHARED) for p in SHARED.rglob("*") if p.is_file())
+    assert ours == theirs
+    for rel in ours:
+        assert (VECTORS / rel).read_bytes() == (SHARED / rel).read_bytes(), f"format-vectors/{rel} differs from ../shared"
