@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -343,8 +344,7 @@ class PoolCore:
         """
         job = self._job(job)
         _check_id(checkpoint_id, "checkpoint id", 1)
-        keys = [o.key for o in self.store.list(checkpoint_prefix(job, checkpoint_id))]
-        if not keys:
+        if not next(iter(self.store.list(checkpoint_prefix(job, checkpoint_id))), None):
             if not self._job_exists(job):
                 raise NotFoundError(f"job {job} not found in {self.store.uri}")
             raise NotFoundError(f"checkpoint {checkpoint_id} of job {job} not found")
@@ -359,10 +359,13 @@ class PoolCore:
 
         lease = int(self.config.max_commit_s * 1000)
         now = int(self.protocol.clock() * 1000)
-        self.fencing.retire(job, decide, now + lease)
+        owner = f"delete-{uuid.uuid4().hex}"
+        self.fencing.retire(job, decide, now + lease, owner)
         try:
+            # listed after the announcement: a part written later finds the checkpoint retiring and never completes it
+            keys = [o.key for o in self.store.list(checkpoint_prefix(job, checkpoint_id))]
             if not remove_checkpoint(self.store, job, checkpoint_id, keys, None, now + lease // 2, self.protocol.clock):
                 raise UnavailableError(f"deleting checkpoint {checkpoint_id} of job {job} took too long and stopped part way; run it again")
             self.reader(job).forget(checkpoint_id)
         finally:
-            self.fencing.unretire(job, {checkpoint_id})
+            self.fencing.unretire(job, owner)

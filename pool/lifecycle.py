@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,7 @@ import pyarrow.compute as pc
 
 from pool.core import validate_job
 from pool.protocol import remove_checkpoint
-from pool.writers import Fencing
+from pool.writers import Fencing, first_epoch
 from snapshot import NUM_KEY_GROUPS
 from snapshot.errors import ClinkError, ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError, UnavailableError
 from store.checkpoint import CheckpointReader, SegmentCache
@@ -246,11 +247,15 @@ class Lifecycle:
         path = new_data_path()
         files: tuple[DataFile, ...] = ()
         layers: tuple[tuple[str, ...], ...] = ()
+        written_at = self.clock()
         if encoded.rows:
             target.put_if_absent(base + path, encoded.data)
             files = (encoded.entry(path, KIND_BASE, 0, NUM_KEY_GROUPS - 1, manifest.checkpoint_id),)
             layers = ((path,),)
         epoch = max(p.epoch for p in manifest.parts)
+        if self.clock() - written_at > self.config.max_write_s:  # GC's minimum age protects the unpublished base only so long
+            raise UnavailableError(f"savepoint {name!r} took longer than {self.config.max_write_s:g} s between its file and its _metadata; "
+                                   "nothing was published (the file is left to GC), run it again")
         sp = Manifest(MANIFEST_FORMAT, manifest.job, manifest.checkpoint_id, 0, manifest.created_at_ms, manifest.operators,
                       manifest.state_versions, (Part(0, NUM_KEY_GROUPS - 1, epoch, 0, layers),), files)
         extra = {"savepoint": {"name": name, "source_store": self.store.uri, "created_at_ms": self._now_ms()}}
@@ -282,48 +287,80 @@ class Lifecycle:
             _, manifest, folder = self.open_checkpoint(job, checkpoint_id, src_store)
         if next(iter(self.store.list(job_prefix(new_job))), None) is not None:
             raise ConflictError(f"job {new_job} already exists in {self.store.uri}; restore only creates new jobs")
-        try:  # the writers table is the new job's claim: of two concurrent restores into one name, one writes nothing
-            claim = self.store.put_if_absent(writers_key(new_job), WriterTable(2, ()).to_json())
+        # the writers table is the new job's claim: of two concurrent restores into one name, one writes nothing. Its epochs
+        # start at the clock, as a new job's do, so no process of an earlier job of this name holds one of them.
+        epoch = first_epoch(self.clock)
+        try:
+            claim = self.store.put_if_absent(writers_key(new_job), WriterTable(epoch + 1, ()).to_json())
         except ConflictError:
             raise ConflictError(f"job {new_job} was created concurrently in {self.store.uri}; this restore wrote nothing") from None
         renamed: dict[str, str] = {}
-        files = []
+        copied: dict[str, DataFile] = {}
+        written: list[str] = []
+        created = self._now_ms()
+        parts: list[Part] = []
         try:
-            for entry in manifest.files:
-                try:
-                    data = src_store.get(folder + entry.path)
-                except NotFoundError:
-                    raise NotFoundError(f"data file {entry.path} of {folder.rstrip('/')} is missing from {src_store.uri}") from None
-                verify_file(entry, data)
-                path = new_data_path()
-                self.store.put_if_absent(job_prefix(new_job) + path, data)
-                renamed[entry.path] = path
-                # as_of shifted so the source's newest state is checkpoint 1 of the new job and its order of layers is kept
-                as_of = None if entry.as_of is None else entry.as_of - manifest.checkpoint_id + 1
-                files.append(DataFile(path, entry.kind, entry.kg_lo, entry.kg_hi, entry.rows, entry.size, entry.sha256, entry.segments,
-                                      as_of, entry.encoding))
-                if progress is not None:
-                    progress(len(files), len(manifest.files))
+            holds = 0
+            for source_part in manifest.parts:
+                # part by part: each part is written right after its files, so GC sees every copy referenced soon after it
+                # lands; a part whose copying takes long is covered meanwhile by holding parts (epochs no writer ever gets)
+                oldest: float | None = None
+                for path in [x for layer in source_part.layers for x in layer if x not in renamed]:
+                    entry = manifest.file(path)
+                    try:
+                        data = src_store.get(folder + entry.path)
+                    except NotFoundError:
+                        raise NotFoundError(f"data file {entry.path} of {folder.rstrip('/')} is missing from {src_store.uri}") from None
+                    verify_file(entry, data)
+                    renamed[path] = new_data_path()
+                    self.store.put_if_absent(job_prefix(new_job) + renamed[path], data)
+                    oldest = self.clock() if oldest is None else oldest
+                    # as_of shifted so the source's newest state is checkpoint 1 of the new job and its order of layers is kept
+                    as_of = None if entry.as_of is None else entry.as_of - manifest.checkpoint_id + 1
+                    copied[path] = DataFile(renamed[path], entry.kind, entry.kg_lo, entry.kg_hi, entry.rows, entry.size, entry.sha256,
+                                            entry.segments, as_of, entry.encoding)
+                    if progress is not None:
+                        progress(len(copied), len(manifest.files))
+                    if self.clock() - oldest > self.config.max_write_s:
+                        break  # too long since a copy no part names: GC may have taken it (refused below)
+                    if self.clock() - oldest > self.config.max_write_s / 2:
+                        holds += 1
+                        written.append(self._hold(new_job, source_part, epoch - holds, created, manifest, copied))
+                        oldest = None
+                if oldest is not None and self.clock() - oldest > self.config.max_write_s:
+                    raise UnavailableError(f"copying the files of key groups {source_part.kg_lo}-{source_part.kg_hi} took longer than "
+                                           f"{self.config.max_write_s:g} s; the restore into {new_job} was undone, run it again")
+                part = Part(source_part.kg_lo, source_part.kg_hi, epoch, 0, tuple(tuple(renamed[x] for x in layer) for layer in source_part.layers))
+                used = {x for layer in source_part.layers for x in layer}
+                one = Manifest(PART_FORMAT, new_job, 1, 0, created, manifest.operators, manifest.state_versions, (part,),
+                               tuple(copied[x] for x in sorted(used)))
+                key = part_key(new_job, 1, part.kg_lo, part.kg_hi, epoch)
+                self.store.put_if_absent(key, one.to_json())
+                written.append(key)
+                parts.append(part)
         except BaseException:
-            self._undo_restore(new_job, list(renamed.values()), claim)
+            self._undo_restore(new_job, written + [job_prefix(new_job) + p for p in renamed.values()], claim)
             raise
-        parts = tuple(Part(p.kg_lo, p.kg_hi, 1, 0, tuple(tuple(renamed[x] for x in layer) for layer in p.layers)) for p in manifest.parts)
-        restored = Manifest(MANIFEST_FORMAT, new_job, 1, 0, self._now_ms(), manifest.operators, manifest.state_versions, parts,
-                            tuple(sorted(files, key=lambda f: f.path)))
-        for p in parts:  # parts are what GC keeps referenced while a compaction has replaced the manifest
-            used = {x for layer in p.layers for x in layer}
-            one = Manifest(PART_FORMAT, new_job, 1, 0, restored.created_at_ms, manifest.operators, manifest.state_versions, (p,),
-                           tuple(f for f in restored.files if f.path in used))
-            self.store.put_if_absent(part_key(new_job, 1, p.kg_lo, p.kg_hi, p.epoch), one.to_json())
+        restored = Manifest(MANIFEST_FORMAT, new_job, 1, 0, created, manifest.operators, manifest.state_versions, tuple(parts),
+                            tuple(sorted(copied.values(), key=lambda f: f.path)))
         origin = {"restored_from": {"savepoint": savepoint} if savepoint else {"job": manifest.job, "checkpoint_id": manifest.checkpoint_id}}
         self.store.put_if_absent(metadata_key(new_job, 1), _manifest_json(restored, origin))
         return restored
 
-    def _undo_restore(self, new_job: str, paths: list[str], claim_etag: str) -> None:
-        """Remove what a failed restore wrote (its copies, then its claim if nobody has changed it), best effort."""
+    def _hold(self, new_job: str, source_part: Part, epoch: int, created: int, manifest: Manifest, copied: dict[str, DataFile]) -> str:
+        """A part no writer can ever hold (its epoch is below the new job's first) naming every copy so far: GC keeps them."""
+        files = tuple(sorted(copied.values(), key=lambda f: f.path))
+        held = Part(source_part.kg_lo, source_part.kg_hi, epoch, 0, tuple((f.path,) for f in files))
+        key = part_key(new_job, 1, held.kg_lo, held.kg_hi, epoch)
+        self.store.put_if_absent(key, Manifest(PART_FORMAT, new_job, 1, 0, created, manifest.operators, manifest.state_versions,
+                                               (held,), files).to_json())
+        return key
+
+    def _undo_restore(self, new_job: str, keys: list[str], claim_etag: str) -> None:
+        """Remove what a failed restore wrote (its parts and copies, then its claim if nobody has changed it), best effort."""
         try:
-            for path in paths:
-                self.store.delete(job_prefix(new_job) + path)
+            for key in keys:
+                self.store.delete(key)
             if self.store.head(writers_key(new_job)).etag == claim_etag:
                 self.store.delete(writers_key(new_job))
         except ClinkError:
@@ -429,18 +466,27 @@ class Lifecycle:
             # announced first (protocol I3): a restore from one of them either registered its base before (kept) or is refused
             lease = int(self.config.max_write_s * 1000)
             until = now + lease
-            chosen, _ = self.fencing.retire(job, decide, until)
+            owner = f"retention-{uuid.uuid4().hex}"
+            chosen, _ = self.fencing.retire(job, decide, until, owner)
             # deletions stop with half the announcement's lease to spare: past it, a restore could start from one of them
             stop_at = until - lease // 2
             try:
                 delete = chosen - self._pinned_meanwhile(job, chosen, now)
+                # listed again after the announcement: a checkpoint whose objects changed since the decision (a late part,
+                # a re-commit) is not the one judged; a part written after this listing finds the checkpoint retiring
+                relisted = _JobLayout.of(job, list(self.store.list(job_prefix(job))))
                 for cid in sorted(delete):
-                    keys = [o.key for o in layout.checkpoints.get(cid, [])]
+                    before = {(o.key, o.etag) for o in layout.checkpoints.get(cid, [])}
+                    now_objs = relisted.checkpoints.get(cid, [])
+                    if {(o.key, o.etag) for o in now_objs} - before:
+                        delete = delete - {cid}
+                        continue
+                    keys = [o.key for o in now_objs]
                     if not remove_checkpoint(self.store, job, cid, keys, layout.metadata_etags.get(cid), stop_at, self.clock):
                         delete = {c for c in delete if c < cid}
                         break
             finally:
-                self.fencing.unretire(job, chosen)
+                self.fencing.unretire(job, owner)
         keep_ids, pinned = plan.get("keep", set()), plan.get("pinned", set())
         delete = sorted(delete)
         return RetentionResult(job, tuple(delete), tuple(sorted(keep_ids)), tuple(sorted(pinned)), dry_run)

@@ -40,7 +40,7 @@ from snapshot import StateVersionMap
 from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
 from store.checkpoint import CheckpointListing, CheckpointReader, ordered_file_paths
 from store.datafile import KIND_BASE, KIND_DELTA, DataFile, encode_datafile
-from store.layout import job_prefix, metadata_key, new_data_path, parse_job_key, part_key, parts_prefix
+from store.layout import job_prefix, legacy_part_key, metadata_key, new_data_path, parse_job_key, part_key, parts_prefix
 from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, parse_manifest, tiles
 from store.objects import ObjectStore
 from store.writers import WriterTable
@@ -186,6 +186,8 @@ class CommitProtocol:
         encoded = encode_datafile(delta, changelog=True, target_segment_bytes=self.config.segment_target_bytes) if delta.num_rows else None
         delta_sha = encoded.sha256 if encoded else None
         part = self._repeat(job, key, kg, cid, delta_sha, missing_ok=True) if retry else None
+        if part is None and retry:  # a part an earlier version staged under its legacy name, without the epoch in it
+            part = self._repeat(job, legacy_part_key(job, cid, kg.lo, kg.hi), kg, cid, delta_sha, missing_ok=True, epoch=epoch)
         repeated = part is not None
         source = None
         written = 0
@@ -219,12 +221,13 @@ class CommitProtocol:
         if source is not None and not self._source_holds(source, part):
             done = self._complete_with(job, cid, kg, epoch)
             if done is not None:  # a completer checked this part's parent before it went, and published it: done
-                return CommitResult(info_of(job, done), written, repeated)
+                return CommitResult(info_of(job, *done), written, repeated)
             raise NotFoundError(f"parent checkpoint {pid} of job {job} was deleted or replaced while checkpoint {cid} was committed; "
                                 "this part will never complete a checkpoint: restore from a complete checkpoint")
-        manifest = self.complete(job, cid, listing, table, deadline=self.clock() + self.config.max_commit_s)
-        if manifest is not None and manifest.part_for(kg.lo, kg.hi, epoch) is not None:
-            return CommitResult(info_of(job, manifest), written, repeated)
+        done = self.complete(job, cid, listing, table, deadline=self.clock() + self.config.max_commit_s)
+        manifest = done[0] if done else None
+        if done is not None and done[0].part_for(kg.lo, kg.hi, epoch) is not None:
+            return CommitResult(info_of(job, done[0], done[1]), written, repeated)
         if manifest is not None:  # completed without this part: the writer was fenced before the checkpoint completed
             raise fenced_error(job, kg, epoch, self.fencing.read(job)[0])
         ranges = [(n.kg_lo, n.kg_hi) for n in listing if table.holds(n.kg_lo, n.kg_hi, n.epoch)]
@@ -240,35 +243,44 @@ class CommitProtocol:
             manifest = None
         if manifest is not None and manifest.part_for(kg.lo, kg.hi, epoch) is not None:
             return ParentSource(manifest, meta, etag, False)  # complete with this writer's own part (maybe compacted since)
-        try:
-            data, part_etag = self.store.get_with_etag(own)
-            return ParentSource(parse_manifest(data, own), own, part_etag, True)
-        except NotFoundError:
-            pass
+        for key in (own, legacy_part_key(job, pid, kg.lo, kg.hi)):  # the legacy name: staged before an upgrade
+            try:
+                data, part_etag = self.store.get_with_etag(key)
+            except NotFoundError:
+                continue
+            staged = parse_manifest(data, key)
+            if staged.parts[0].epoch == epoch:
+                return ParentSource(staged, key, part_etag, True)
         if manifest is not None:
             return ParentSource(manifest, meta, etag, False)  # restored from it
         raise NotFoundError(f"parent checkpoint {pid} of job {job} not found (neither complete nor staged by this writer for key groups {kg})")
 
-    def _repeat(self, job: str, key: str, kg: KeyGroupRange, cid: int, delta_sha: str | None, missing_ok: bool = False) -> Manifest | None:
-        """The part already under this name: ours again when its own delta is byte-identical (I7), else a conflict."""
+    def _repeat(self, job: str, key: str, kg: KeyGroupRange, cid: int, delta_sha: str | None, missing_ok: bool = False,
+                epoch: int | None = None) -> Manifest | None:
+        """The part already under this name: ours again when its own delta is byte-identical (I7), else a conflict.
+
+        ``epoch``: only a part of this epoch is ours (a legacy-named part carries its epoch inside, not in its name).
+        """
         try:
             existing = parse_manifest(self.store.get(key), key)
         except NotFoundError:
             if missing_ok:
                 return None
             raise ConflictError(f"key groups {kg} of checkpoint {cid} of job {job} were committed and removed concurrently") from None
+        if epoch is not None and existing.parts[0].epoch != epoch:
+            return None
         staged = own_delta(existing)
         if (staged.sha256 if staged else None) != delta_sha:
             raise ConflictError(f"key groups {kg} of checkpoint {cid} of job {job} were already committed by this writer with another delta")
         return existing
 
-    def _complete_with(self, job: str, cid: int, kg: KeyGroupRange, epoch: int) -> Manifest | None:
-        """Checkpoint ``cid``'s manifest if it is complete with this writer's part, else None."""
+    def _complete_with(self, job: str, cid: int, kg: KeyGroupRange, epoch: int) -> tuple[Manifest, str] | None:
+        """Checkpoint ``cid``'s (manifest, etag) if it is complete with this writer's part, else None."""
         try:
-            manifest = self.reader(job).manifest(cid)
+            manifest, etag = self.reader(job).manifest_and_etag(cid)
         except NotFoundError:
             return None
-        return manifest if manifest.part_for(kg.lo, kg.hi, epoch) is not None else None
+        return (manifest, etag) if manifest.part_for(kg.lo, kg.hi, epoch) is not None else None
 
     def _source_holds(self, source: ParentSource, part: Manifest) -> bool:
         """Whether the parent still holds every file this part carried from it, checked after the part was written (I6)."""
@@ -296,9 +308,13 @@ class CommitProtocol:
         return out
 
     def _valid(self, names: list[StagedName], table: WriterTable) -> list[StagedName]:
-        """Staged parts whose writer still owns their range; parts named without an epoch are read to learn it."""
-        out = []
-        for n in names:
+        """Staged parts whose writer still owns their range, one per (range, epoch).
+
+        Parts named without an epoch (staged before an upgrade) are read to learn it; when the same writer's commit also
+        staged under the new name (a retry after the upgrade), the earlier, legacy-named part is the one that counts.
+        """
+        out: dict[tuple[int, int, int], StagedName] = {}
+        for n in sorted(names, key=lambda n: n.epoch is not None):  # legacy names first
             epoch = n.epoch
             if epoch is None:
                 try:
@@ -306,12 +322,12 @@ class CommitProtocol:
                 except NotFoundError:
                     continue
             if table.holds(n.kg_lo, n.kg_hi, epoch):
-                out.append(StagedName(n.key, n.kg_lo, n.kg_hi, epoch))
-        return out
+                out.setdefault((n.kg_lo, n.kg_hi, epoch), StagedName(n.key, n.kg_lo, n.kg_hi, epoch))
+        return list(out.values())
 
     def complete(self, job: str, cid: int, listing: list[StagedName] | None = None, table: WriterTable | None = None,
-                 deadline: float | None = None) -> Manifest | None:
-        """Write _metadata of checkpoint ``cid`` if the valid parts tile 0..127 (I1); the manifest now in place, or None.
+                 deadline: float | None = None) -> tuple[Manifest, str] | None:
+        """Write _metadata of checkpoint ``cid`` if the valid parts tile 0..127 (I1); (the manifest now in place, its etag), or None.
 
         ``deadline`` (clock seconds): past it nothing is published, as for a commit (I6: retention removes an incomplete
         checkpoint only once it is older than the minimum age, so a completer stalled that long must not publish it).
@@ -325,8 +341,10 @@ class CommitProtocol:
             valid = self._valid(listing, table)
             if not tiles([Part(n.kg_lo, n.kg_hi, 1, 0, ()) for n in valid]):
                 return None
-            if cid in table.retiring_ids(int(self.clock() * 1000)):
-                return None  # retention or a delete is removing this id right now: completing it would race the removal
+            if cid in table.retiring_ids(int(self.clock() * 1000)) and not self.store.exists(metadata_key(job, cid)):
+                # an incomplete checkpoint being removed (it is old): completing it would name files the removal frees. A
+                # complete one being removed may be replaced: the removal compares its _metadata's etag before deleting
+                return None
             parts = []
             for n in valid:
                 try:
@@ -366,12 +384,11 @@ class CommitProtocol:
             return False
         return carried <= {f.path for f in parent_part.files}
 
-    def _publish(self, job: str, cid: int, manifest: Manifest) -> Manifest | None:
+    def _publish(self, job: str, cid: int, manifest: Manifest) -> tuple[Manifest, str] | None:
         """put-if-absent _metadata; if an older attempt's version is there, replace it (I3). None: lost a race, try again."""
         key = metadata_key(job, cid)
         try:
-            self.store.put_if_absent(key, manifest.to_json())
-            return manifest
+            return manifest, self.store.put_if_absent(key, manifest.to_json())
         except ConflictError:
             pass
         try:
@@ -381,21 +398,21 @@ class CommitProtocol:
         existing = parse_manifest(data, key)
         ours = {(p.kg_lo, p.kg_hi, p.epoch) for p in manifest.parts}
         if {(p.kg_lo, p.kg_hi, p.epoch) for p in existing.parts} == ours:
-            return existing  # the same parts (another completer, or a compaction since)
+            return existing, etag  # the same parts (another completer, or a compaction since)
         table, _ = self.fencing.read(job)  # read after the existing version: decides which attempt is current
         if not all(table.holds(*k) for k in ours):
-            return existing  # our parts were fenced meanwhile: the version in place stands
+            return existing, etag  # our parts were fenced meanwhile: the version in place stands
         if all(table.holds(p.kg_lo, p.kg_hi, p.epoch) for p in existing.parts):
-            return existing
+            return existing, etag
         retired = tuple(sorted(existing.referenced_paths - {f.path for f in manifest.files}))
         replacement = Manifest(MANIFEST_FORMAT, job, cid, manifest.parent_id, manifest.created_at_ms, manifest.operators,
                                manifest.state_versions, manifest.parts, manifest.files, retired)
         try:
-            self.store.compare_and_swap(key, replacement.to_json(), etag)
+            new_etag = self.store.compare_and_swap(key, replacement.to_json(), etag)
         except (ConflictError, NotFoundError):
             return None
         self.reader(job).forget(cid)
-        return replacement
+        return replacement, new_etag
 
     # ---- listing ----------------------------------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ class Fencing:
         try:
             data, etag = self.store.get_with_etag(key)
         except NotFoundError:
-            return WriterTable(max(1, int(self._clock() * 1_000_000)), ()), None
+            return WriterTable(first_epoch(self._clock), ()), None
         return parse_writers(data, key), etag
 
     def acquire(self, job: str, key_groups: KeyGroupRange, base: int | None = None) -> int:
@@ -72,8 +72,8 @@ class Fencing:
 
         return self._update(job, change, f"register a writer for key groups {key_groups}")
 
-    def retire(self, job: str, decide, until_ms: int) -> tuple[set[int], WriterTable]:
-        """Announce the checkpoints ``decide(table)`` picks as being removed (one compare-and-swap against the table decided on).
+    def retire(self, job: str, decide, until_ms: int, owner: str) -> tuple[set[int], WriterTable]:
+        """Announce, as ``owner``, the checkpoints ``decide(table)`` picks as being removed (one compare-and-swap).
 
         A restore's acquire and this announcement serialise on the writers table: either the restore registers its base
         first (and ``decide`` keeps it), or it finds the checkpoint retiring and refuses.
@@ -84,15 +84,15 @@ class Fencing:
             chosen = set(decide(table))
             if not chosen:
                 return None, (chosen, table)
-            new = table.with_retiring(chosen, until_ms, now)
+            new = table.with_retiring(chosen, until_ms, now, owner)
             return new, (chosen, new)
 
         return self._update(job, change, "announce a removal")
 
-    def unretire(self, job: str, checkpoint_ids: set[int]) -> None:
-        """Withdraw removal intents (best effort: an intent also expires by itself)."""
-        if checkpoint_ids:
-            self._update(job, lambda t: (t.without_retiring(checkpoint_ids) if t.retiring else None, None), "withdraw a removal")
+    def unretire(self, job: str, owner: str) -> None:
+        """Withdraw ``owner``'s removal intents (best effort: an intent also expires by itself); other removals' stay."""
+        self._update(job, lambda t: (t.without_retiring(owner) if any(r[2] == owner for r in t.retiring) else None, None),
+                     "withdraw a removal")
 
     def check(self, job: str, key_groups: KeyGroupRange, epoch: int) -> WriterTable:
         """Raise FencedError unless ``epoch`` still owns ``key_groups``; returns the table read."""
@@ -100,6 +100,11 @@ class Fencing:
         if not table.holds(key_groups.lo, key_groups.hi, epoch):
             raise fenced_error(job, key_groups, epoch, table)
         return table
+
+
+def first_epoch(clock) -> int:
+    """A new job's first epoch: the clock in microseconds (a job created again under a used name starts past its old epochs)."""
+    return max(2, int(clock() * 1_000_000))
 
 
 def fenced_error(job: str, key_groups: KeyGroupRange, epoch: int, table: WriterTable) -> FencedError:

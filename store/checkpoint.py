@@ -689,13 +689,18 @@ class CheckpointReader:
         pieces = self.part_keyed_pieces(manifest, part, lo, hi)
         return assemble(pieces) if pieces else empty_table()
 
-    def part_operator(self, manifest: Manifest, part: Part) -> pa.Table:
-        """Canonical operator-state rows of one part after every layer (each layer overlays the older ones)."""
+    def part_operator(self, manifest: Manifest, part: Part, legacy_only: bool = False) -> pa.Table:
+        """Canonical operator-state rows of one part after every layer (each layer overlays the older ones).
+
+        ``legacy_only``: only the files written before as_of existed (the state newer files start from).
+        """
         acc = empty_table()
         for layer in part.layers:
             tables = []
             for path in layer:
                 entry = manifest.file(path)
+                if legacy_only and entry.as_of is not None:
+                    continue
                 t = self._operator_rows(entry)
                 if t is not None:
                     tables.append(t if entry.changelog else _as_puts(t))
@@ -710,16 +715,21 @@ class CheckpointReader:
         if cached is not None:
             return cached
         entries = {path: manifest.file(path) for p in manifest.parts for layer in p.layers for path in layer}
-        if any(e.as_of is None for e in entries.values()):  # a manifest written before files carried as_of: the old per-part merge
-            views = [self.part_operator(manifest, p) for p in manifest.parts]
-            table = merge_tables(views) if len(views) > 1 else (views[0] if views else empty_table())
+        legacy = [e for e in entries.values() if e.as_of is None]
+        dated = [e for e in entries.values() if e.as_of is not None]
+        if legacy and not any(not e.changelog for e in dated):
+            # files written before as_of existed are older than every dated one: their state (the old per-part merge)
+            # is where the dated deltas start from, unless a dated base (which holds the whole view as of it) supersedes it
+            views = [self.part_operator(manifest, p, legacy_only=True) for p in manifest.parts]
+            start = merge_tables(views) if len(views) > 1 else (views[0] if views else empty_table())
+            table = self._recent_operator_rows(dated, start)
         else:
-            table = self._recent_operator_rows(list(entries.values()))
+            table = self._recent_operator_rows(dated)
         table = table.cast(CANONICAL_SCHEMA)
         self.cache.put(cache_key, table)
         return table
 
-    def _recent_operator_rows(self, entries: list[DataFile]) -> pa.Table:
+    def _recent_operator_rows(self, entries: list[DataFile], start_table: pa.Table | None = None) -> pa.Table:
         """Operator state by recency: the newest base (a global view as of its checkpoint), then newer deltas checkpoint by checkpoint.
 
         Each file counts once however many parts name it. Deltas of one checkpoint (one per writing subtask) are combined by
@@ -727,7 +737,7 @@ class CheckpointReader:
         """
         bases = [e for e in entries if not e.changelog]
         start = max((e.as_of for e in bases), default=None)
-        acc = empty_table()
+        acc = start_table if start_table is not None else empty_table()
         if start is not None:
             newest = next(e for e in bases if e.as_of == start)  # bases of one checkpoint hold the same operator view
             rows = self._operator_rows(newest)

@@ -57,6 +57,11 @@ def part_key(job: str, checkpoint_id: int, kg_lo: int, kg_hi: int, epoch: int) -
     return f"{JOBS}{job}/chk-{checkpoint_id}/parts/{part_name(kg_lo, kg_hi, epoch)}"
 
 
+def legacy_part_key(job: str, checkpoint_id: int, kg_lo: int, kg_hi: int) -> str:
+    """Where a part was staged before part names carried the epoch (read, never written)."""
+    return f"{JOBS}{job}/chk-{checkpoint_id}/parts/{kg_lo}-{kg_hi}.json"
+
+
 def parts_prefix(job: str, checkpoint_id: int) -> str:
     """Listing prefix of the parts of checkpoint N."""
     return f"{JOBS}{job}/chk-{checkpoint_id}/parts/"

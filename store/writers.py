@@ -31,15 +31,16 @@ class Writer:
 class WriterTable:
     """The current writers of a job: disjoint ranges, each owned by one epoch; epochs only grow (next_epoch is the next one).
 
-    ``restores`` records (base, epoch) of every restore: a restore from checkpoint B at epoch E started a new attempt, so
-    a checkpoint after B that only older epochs completed was left behind. ``retiring`` holds (checkpoint, until_ms) of
-    checkpoints retention or a delete is removing: no restore may start from them meanwhile.
+    ``restores`` records (base, epoch) of restores: a restore from checkpoint B at epoch E started a new attempt, so a
+    checkpoint after B that only older epochs completed was left behind. ``retiring`` holds (checkpoint, until_ms,
+    owner) of checkpoints retention or a delete is removing: no restore or pin may take them meanwhile.
     """
 
     next_epoch: int
     writers: tuple[Writer, ...]
     restores: tuple[tuple[int, int], ...] = ()
-    retiring: tuple[tuple[int, int], ...] = ()
+    retiring: tuple[tuple[int, int, str], ...] = ()  # (checkpoint, until_ms, owner): who announced the removal
+    serial: int = 0  # bumped on every change, so a table never returns to earlier bytes (an S3 etag is their MD5)
 
     def holds(self, kg_lo: int, kg_hi: int, epoch: int | None) -> bool:
         """Whether ``epoch`` still owns exactly kg_lo..kg_hi."""
@@ -56,12 +57,16 @@ class WriterTable:
         A writer that restored from checkpoint B at epoch E started a new attempt: a checkpoint after B completed only by
         epochs older than E was made by the attempt before it (it is never latest; re-committing its id replaces it). Any
         checkpoint completed after that restore holds a part of epoch E or newer, so the record never abandons one.
+        The newest restore decides: an operator restoring a checkpoint an earlier rewind left behind brings it back.
         """
-        return any(checkpoint_id > base and max_epoch < epoch for base, epoch in self.restores)
+        if not self.restores:
+            return False
+        base, epoch = max(self.restores, key=lambda r: r[1])
+        return checkpoint_id > base and max_epoch < epoch
 
     def retiring_ids(self, now_ms: int) -> set[int]:
         """Checkpoints being removed now (their intent not expired)."""
-        return {cid for cid, until in self.retiring if until > now_ms}
+        return {cid for cid, until, _ in self.retiring if until > now_ms}
 
     def with_writer(self, kg_lo: int, kg_hi: int, base: int | None, now_ms: int = 0) -> tuple[WriterTable, int]:
         """This table with a new writer for kg_lo..kg_hi (every overlapping writer dropped) and the epoch it got."""
@@ -73,17 +78,18 @@ class WriterTable:
             best[base] = epoch
             restores = tuple(sorted(best.items(), key=lambda r: r[1])[-MAX_RESTORE_RECORDS:])
         retiring = tuple(r for r in self.retiring if r[1] > now_ms)
-        return WriterTable(epoch + 1, (*kept, Writer(kg_lo, kg_hi, epoch, base)), tuple(sorted(restores)), retiring), epoch
+        table = WriterTable(epoch + 1, (*kept, Writer(kg_lo, kg_hi, epoch, base)), tuple(sorted(restores)), retiring, self.serial + 1)
+        return table, epoch
 
-    def with_retiring(self, checkpoint_ids: set[int], until_ms: int, now_ms: int) -> WriterTable:
-        """This table announcing that these checkpoints are being removed until until_ms (expired intents dropped)."""
-        kept = {cid: until for cid, until in self.retiring if until > now_ms and cid not in checkpoint_ids}
-        kept.update({cid: until_ms for cid in checkpoint_ids})
-        return WriterTable(self.next_epoch, self.writers, self.restores, tuple(sorted(kept.items())))
+    def with_retiring(self, checkpoint_ids: set[int], until_ms: int, now_ms: int, owner: str) -> WriterTable:
+        """This table announcing that ``owner`` is removing these checkpoints until until_ms (expired intents dropped)."""
+        kept = [r for r in self.retiring if r[1] > now_ms]
+        kept += [(cid, until_ms, owner) for cid in sorted(checkpoint_ids)]
+        return WriterTable(self.next_epoch, self.writers, self.restores, tuple(sorted(kept)), self.serial + 1)
 
-    def without_retiring(self, checkpoint_ids: set[int]) -> WriterTable:
-        """This table with those removal intents withdrawn (the removal is done, or was given up)."""
-        return WriterTable(self.next_epoch, self.writers, self.restores, tuple(r for r in self.retiring if r[0] not in checkpoint_ids))
+    def without_retiring(self, owner: str) -> WriterTable:
+        """This table with ``owner``'s removal intents withdrawn (its removal is done, or given up); others' stay."""
+        return WriterTable(self.next_epoch, self.writers, self.restores, tuple(r for r in self.retiring if r[2] != owner), self.serial + 1)
 
     def to_json(self) -> bytes:
         """Deterministic JSON."""
@@ -97,7 +103,9 @@ class WriterTable:
         if self.restores:
             body["restores"] = [{"base": b, "epoch": e} for b, e in self.restores]
         if self.retiring:
-            body["retiring"] = [{"checkpoint": c, "until_ms": u} for c, u in self.retiring]
+            body["retiring"] = [{"checkpoint": c, "until_ms": u, "owner": o} for c, u, o in self.retiring]
+        if self.serial:
+            body["serial"] = self.serial
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -123,10 +131,11 @@ def parse_writers(data: bytes, name: str) -> WriterTable:
                 raise ValueError(f"writer {w} is out of range")
             writers.append(Writer(lo, hi, epoch, base))
         restores = tuple((_int(r["base"]), _int(r["epoch"])) for r in d.get("restores", []))
-        retiring = tuple((_int(r["checkpoint"]), _int(r["until_ms"])) for r in d.get("retiring", []))
+        retiring = tuple((_int(r["checkpoint"]), _int(r["until_ms"]), str(r.get("owner", ""))) for r in d.get("retiring", []))
+        serial = _int(d.get("serial", 0))
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptDataError(f"writers file {name} is malformed: {exc}") from None
-    return WriterTable(next_epoch, tuple(writers), restores, retiring)
+    return WriterTable(next_epoch, tuple(writers), restores, retiring, serial)
 
 
 def _int(value: object) -> int:

@@ -6,6 +6,7 @@ kills is a blind spot of the model or the workload.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -145,19 +146,21 @@ def _no_parent_check_after_commit():  # I6: a part copied from a parent deleted 
 def _retention_forgets_restore_points():  # a rewound job's base is deleted by retention
     real = lifecycle_mod.Lifecycle.retain
 
+    def forget(table):  # the writers' restore points as if never written
+        return dataclasses.replace(table, writers=tuple(dataclasses.replace(w, base=None) for w in table.writers))
+
     def retain(self, job, keep_last=None, dry_run=False):
         real_read = checkpoint_mod.CheckpointReader.writers
 
         def writers(reader):
             table = real_read(reader)
-            return type(table)(table.next_epoch, tuple(type(w)(w.kg_lo, w.kg_hi, w.epoch, None) for w in table.writers), table.restores, table.retiring)
+            return forget(table)
 
         with patched(checkpoint_mod.CheckpointReader, "writers", writers):
             real_retire = self.fencing.retire
 
-            def retire(job_, decide, until):
-                return real_retire(job_, lambda t: decide(type(t)(t.next_epoch, tuple(type(w)(w.kg_lo, w.kg_hi, w.epoch, None) for w in t.writers),
-                                                                   t.restores, t.retiring)), until)
+            def retire(job_, decide, until, owner):
+                return real_retire(job_, lambda t: decide(forget(t)), until, owner)
 
             self.fencing.retire = retire
             try:
