@@ -594,15 +594,7 @@ class RemoteReadBackend:
         # a restore is a new attempt, even for an unchanged range: the fresh epoch fences every part staged before it
         epoch = self._pool.acquire_writer(self.job, new_range, restore_from=checkpoint_id).epoch
         with self._snapshot_lock, self._lock:
-            self.key_groups = new_range
-            self.epoch = epoch
-            self.fenced = False
-            self._delta, self._delta_bytes, self._shipping, self._pending = {}, 0, {}, []
-            self._cache.clear()
-            self._generation += 1
-            self._read_checkpoint = checkpoint_id
-            self._read_etag = info.manifest_etag
-            self._parent_id = checkpoint_id
+            self._begin_attempt(new_range, epoch, checkpoint_id, info.manifest_etag)
             self._operators.update({o: u for o, u in info.operators.items() if u or o not in self._operators})
             if info.state_versions:
                 merged = dict(StateVersionMap.unpack(info.state_versions).items())
@@ -621,15 +613,19 @@ class RemoteReadBackend:
         new_range = _check_range(key_groups) if key_groups is not None else self.key_groups
         epoch = self._pool.acquire_writer(self.job, new_range, restore_from=0).epoch
         with self._snapshot_lock, self._lock:
-            self.key_groups = new_range
-            self.epoch = epoch
-            self.fenced = False
-            self._delta, self._delta_bytes, self._shipping, self._pending = {}, 0, {}, []
-            self._cache.clear()
-            self._generation += 1
-            self._read_checkpoint = None
-            self._read_etag = ""
-            self._parent_id = 0
+            self._begin_attempt(new_range, epoch, None, "")
+
+    def _begin_attempt(self, key_groups: tuple[int, int], epoch: int, base: int | None, etag: str) -> None:
+        """Hold a new attempt's range and epoch, reading from ``base`` (None: nothing); unsaved writes and the cache go (locks held)."""
+        self.key_groups = key_groups
+        self.epoch = epoch
+        self.fenced = False
+        self._delta, self._delta_bytes, self._shipping, self._pending = {}, 0, {}, []
+        self._cache.clear()
+        self._generation += 1
+        self._read_checkpoint = base
+        self._read_etag = etag
+        self._parent_id = base or 0
 
     # -- export -------------------------------------------------------------------------------------
 

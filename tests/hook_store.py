@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from store.objects import ObjectInfo, ObjectStore
+from store.objects import ObjectStore
+from tests.call_store import CallStore
 
 
 @dataclass
@@ -19,7 +20,7 @@ class _Hook:
     skip: int
 
 
-class HookStore(ObjectStore):
+class HookStore(CallStore):
     """Wraps a store; ``on(op, match, run)`` runs ``run()`` around the next matching call (a hook's own calls may fire others)."""
 
     def __init__(self, inner: ObjectStore) -> None:
@@ -57,33 +58,3 @@ class HookStore(ObjectStore):
         out = fn()
         self._fire(op, key, "after")
         return out
-
-    def get(self, key: str) -> bytes:
-        return self._call("get", key, lambda: self.inner.get(key))
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        return self._call("get_range", key, lambda: self.inner.get_range(key, start, length))
-
-    def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        return self._call("get", key, lambda: self.inner.get_with_etag(key))
-
-    def head(self, key: str) -> ObjectInfo:
-        return self._call("head", key, lambda: self.inner.head(key))
-
-    def put(self, key: str, data: bytes) -> str:
-        return self._call("put", key, lambda: self.inner.put(key, data))
-
-    def put_if_absent(self, key: str, data: bytes) -> str:
-        return self._call("put_if_absent", key, lambda: self.inner.put_if_absent(key, data))
-
-    def compare_and_swap(self, key: str, data: bytes, expected_etag: str | None) -> str:
-        return self._call("compare_and_swap", key, lambda: self.inner.compare_and_swap(key, data, expected_etag))
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        return iter(self._call("list", prefix, lambda: list(self.inner.list(prefix))))
-
-    def list_prefixes(self, prefix: str = "") -> list[str]:
-        return self._call("list", prefix, lambda: self.inner.list_prefixes(prefix))
-
-    def delete(self, key: str) -> None:
-        self._call("delete", key, lambda: self.inner.delete(key))

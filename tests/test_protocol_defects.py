@@ -435,3 +435,78 @@ def test_defect_05_restore_in_place_takes_a_new_epoch(tmp_path):
             PoolCore(server.store).commit_checkpoint(CommitRequest("j", 2, 1, FULL, before, "", OPERATOR_PAIRS), [changelog([])])
     finally:
         server.stop(0)
+
+
+# Safeguards no other check isolates: each test below fails with its mutant (tests/sim/mutants.py) put back.
+# GC keeps its minimum age (files written by the commit in flight are young); what existed before is made old.
+
+
+def _age_everything(root) -> None:
+    import os
+    import time
+
+    old = time.time() - 7200
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.utime(path, (old, old))
+
+
+def test_safeguard_a_commit_whose_parent_vanished_after_gc_listed_never_completes(tmp_path):
+    """The parent is deleted and GC removes its files between the commit reading its parent and writing its part."""
+    inner = FileStore(tmp_path)
+    store = HookStore(inner)
+    core = PoolCore(store)
+    e = core.acquire_writer("j", FULL)[0]
+    commit(core, "j", 1, 0, FULL, e, [put(OP, keyed("a"), b"1")])
+    commit(core, "j", 2, 1, FULL, e, [put(OP, keyed("b"), b"2")])
+
+    _age_everything(tmp_path)
+
+    def delete_parent_then_gc() -> None:
+        PoolCore(inner).delete_checkpoint("j", 2)
+        PoolCore(inner).delete_checkpoint("j", 1)
+        assert Lifecycle(inner, LifecycleConfig(gc_min_age_s=600)).gc("j").deleted  # the parents' files go
+
+    store.on("put_if_absent", "chk-3/parts/", delete_parent_then_gc)
+    try:
+        result = commit(core, "j", 3, 2, FULL, e, [put(OP, keyed("c"), b"3")])
+    except (ConflictError, NotFoundError, UnavailableError):
+        result = None
+    if result is not None and result.checkpoint.complete:  # complete only if every file it names is there
+        assert scan_dict(PoolCore(inner), "j", 3) == {(OP, keyed("a")): b"1", (OP, keyed("b")): b"2", (OP, keyed("c")): b"3"}
+    assert not inner.exists("jobs/j/chk-3/_metadata") or scan_dict(PoolCore(inner), "j", 3)
+
+
+def test_safeguard_a_restore_from_a_checkpoint_deleted_meanwhile_is_refused(tmp_path):
+    inner = FileStore(tmp_path)
+    core = PoolCore(inner)
+    e = core.acquire_writer("j", FULL)[0]
+    commit(core, "j", 1, 0, FULL, e, [put(OP, keyed("a"), b"1")])
+    commit(core, "j", 2, 1, FULL, e, [put(OP, keyed("b"), b"2")])
+    core.delete_checkpoint("j", 1)
+    with pytest.raises(NotFoundError, match="1"):
+        PoolCore(inner).acquire_writer("j", FULL, restore_from=1)
+    assert core.acquire_writer("j", FULL, restore_from=2)[0] > e
+
+
+def test_safeguard_a_commit_racing_a_compaction_of_its_parent_completes_and_keeps_its_files(tmp_path):
+    """Compaction replaces the parent's _metadata while a commit carries its files: the replaced files stay named (retired)."""
+    inner = FileStore(tmp_path)
+    store = HookStore(inner)
+    core = PoolCore(store)
+    e = core.acquire_writer("j", FULL)[0]
+    for cid in range(1, 4):
+        commit(core, "j", cid, cid - 1, FULL, e, [put(OP, keyed(f"k{cid}"), str(cid).encode())])
+
+    _age_everything(tmp_path)
+
+    def compact_parent_then_gc() -> None:
+        assert Lifecycle(inner).compact("j", 3, force=True).folded
+        Lifecycle(inner, LifecycleConfig(gc_min_age_s=600)).gc("j")
+
+    store.on("put_if_absent", "chk-4/parts/", compact_parent_then_gc)
+    result = commit(core, "j", 4, 3, FULL, e, [put(OP, keyed("k4"), b"4")])
+    assert result.checkpoint.complete
+    _age_everything(tmp_path)
+    Lifecycle(inner, LifecycleConfig(gc_min_age_s=600)).gc("j")
+    assert scan_dict(PoolCore(inner), "j", 4) == {(OP, keyed(f"k{c}")): str(c).encode() for c in range(1, 5)}

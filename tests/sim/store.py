@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterator
 
 from snapshot.errors import UnavailableError
 from store.memory import MemoryStore
-from store.objects import ObjectInfo, ObjectStore
+from tests.call_store import CallStore
 from tests.sim.scheduler import Scheduler
 
 WRITES = frozenset({"put", "put_if_absent", "compare_and_swap", "delete"})
@@ -18,7 +17,7 @@ class SimFault(UnavailableError):
     """A fault the simulation injected (so a report can tell it from a real one)."""
 
 
-class SimStore(ObjectStore):
+class SimStore(CallStore):
     """Every call yields to the scheduler before it acts (and a write yields again before it answers, as a reply in flight)."""
 
     def __init__(self, scheduler: Scheduler, rng: random.Random) -> None:
@@ -50,30 +49,3 @@ class SimStore(ObjectStore):
                 raise SimFault(f"{op} {key}: reply lost after the call took effect (injected)")
             self.scheduler.point()
         return result
-
-    def get(self, key: str) -> bytes:
-        return self._call("get", key, lambda: self.inner.get(key))
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        return self._call("get_range", key, lambda: self.inner.get_range(key, start, length))
-
-    def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        return self._call("get", key, lambda: self.inner.get_with_etag(key))
-
-    def head(self, key: str) -> ObjectInfo:
-        return self._call("head", key, lambda: self.inner.head(key))
-
-    def put(self, key: str, data: bytes) -> str:
-        return self._call("put", key, lambda: self.inner.put(key, data))
-
-    def put_if_absent(self, key: str, data: bytes) -> str:
-        return self._call("put_if_absent", key, lambda: self.inner.put_if_absent(key, data))
-
-    def compare_and_swap(self, key: str, data: bytes, expected_etag: str | None) -> str:
-        return self._call("compare_and_swap", key, lambda: self.inner.compare_and_swap(key, data, expected_etag))
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        return iter(self._call("list", prefix, lambda: list(self.inner.list(prefix))))
-
-    def delete(self, key: str) -> None:
-        self._call("delete", key, lambda: self.inner.delete(key))
