@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -357,15 +356,9 @@ class PoolCore:
                                     f"(epoch {w.epoch}) restored from; restore it elsewhere before deleting")
             return {checkpoint_id}
 
-        lease = int(self.config.max_commit_s * 1000)
-        now = int(self.protocol.clock() * 1000)
-        owner = f"delete-{uuid.uuid4().hex}"
-        self.fencing.retire(job, decide, now + lease, owner)
-        try:
+        with self.fencing.removing(job, decide, int(self.config.max_commit_s * 1000), "delete") as (_, stop_at):
             # listed after the announcement: a part written later finds the checkpoint retiring and never completes it
             keys = [o.key for o in self.store.list(checkpoint_prefix(job, checkpoint_id))]
-            if not remove_checkpoint(self.store, job, checkpoint_id, keys, None, now + lease // 2, self.protocol.clock):
+            if not remove_checkpoint(self.store, job, checkpoint_id, keys, None, stop_at, self.protocol.clock):
                 raise UnavailableError(f"deleting checkpoint {checkpoint_id} of job {job} took too long and stopped part way; run it again")
             self.reader(job).forget(checkpoint_id)
-        finally:
-            self.fencing.unretire(job, owner)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -464,13 +463,7 @@ class Lifecycle:
             delete = decide(reader.writers())
         else:
             # announced first (protocol I3): a restore from one of them either registered its base before (kept) or is refused
-            lease = int(self.config.max_write_s * 1000)
-            until = now + lease
-            owner = f"retention-{uuid.uuid4().hex}"
-            chosen, _ = self.fencing.retire(job, decide, until, owner)
-            # deletions stop with half the announcement's lease to spare: past it, a restore could start from one of them
-            stop_at = until - lease // 2
-            try:
+            with self.fencing.removing(job, decide, int(self.config.max_write_s * 1000), "retention") as (chosen, stop_at):
                 delete = chosen - self._pinned_meanwhile(job, chosen, now)
                 # listed again after the announcement: a checkpoint whose objects changed since the decision (a late part,
                 # a re-commit) is not the one judged; a part written after this listing finds the checkpoint retiring
@@ -485,16 +478,13 @@ class Lifecycle:
                     if not remove_checkpoint(self.store, job, cid, keys, layout.metadata_etags.get(cid), stop_at, self.clock):
                         delete = {c for c in delete if c < cid}
                         break
-            finally:
-                self.fencing.unretire(job, owner)
         keep_ids, pinned = plan.get("keep", set()), plan.get("pinned", set())
         delete = sorted(delete)
         return RetentionResult(job, tuple(delete), tuple(sorted(keep_ids)), tuple(sorted(pinned)), dry_run)
 
     def _pinned_meanwhile(self, job: str, chosen: set[int], now: int) -> set[int]:
         """Checkpoints among ``chosen`` a pin took after the decision (a pin checks the announcement after it is written)."""
-        infos = [o for o in self.store.list(job_prefix(job) + "pins/")]
-        held, _ = self._live_pins(infos, now)
+        held, _ = self._live_pins(list(self.store.list(job_prefix(job) + "pins/")), now)
         return chosen & held
 
     # ---- compaction ------------------------------------------------------------------------------------------

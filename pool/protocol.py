@@ -225,10 +225,9 @@ class CommitProtocol:
             raise NotFoundError(f"parent checkpoint {pid} of job {job} was deleted or replaced while checkpoint {cid} was committed; "
                                 "this part will never complete a checkpoint: restore from a complete checkpoint")
         done = self.complete(job, cid, listing, table, deadline=self.clock() + self.config.max_commit_s)
-        manifest = done[0] if done else None
         if done is not None and done[0].part_for(kg.lo, kg.hi, epoch) is not None:
-            return CommitResult(info_of(job, done[0], done[1]), written, repeated)
-        if manifest is not None:  # completed without this part: the writer was fenced before the checkpoint completed
+            return CommitResult(info_of(job, *done), written, repeated)
+        if done is not None:  # completed without this part: the writer was fenced before the checkpoint completed
             raise fenced_error(job, kg, epoch, self.fencing.read(job)[0])
         ranges = [(n.kg_lo, n.kg_hi) for n in listing if table.holds(n.kg_lo, n.kg_hi, n.epoch)]
         return CommitResult(incomplete_info(job, cid, ranges, [part]), written, repeated)

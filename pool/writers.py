@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pool.domain import KeyGroupRange
 from snapshot.errors import ConflictError, FencedError, NotFoundError
@@ -88,6 +91,21 @@ class Fencing:
             return new, (chosen, new)
 
         return self._update(job, change, "announce a removal")
+
+    @contextmanager
+    def removing(self, job: str, decide, lease_ms: int, kind: str) -> Iterator[tuple[set[int], int]]:
+        """Announce the removal ``decide(table)`` picks for ``lease_ms``; yields (the checkpoints, the clock ms to stop deleting at).
+
+        Deletions stop with half the lease to spare (past the lease a restore or a pin may take a checkpoint again); the
+        announcement is withdrawn when the block ends, however it ends.
+        """
+        until = self._now_ms() + lease_ms
+        owner = f"{kind}-{uuid.uuid4().hex}"
+        chosen, _ = self.retire(job, decide, until, owner)
+        try:
+            yield chosen, until - lease_ms // 2
+        finally:
+            self.unretire(job, owner)
 
     def unretire(self, job: str, owner: str) -> None:
         """Withdraw ``owner``'s removal intents (best effort: an intent also expires by itself); other removals' stay."""

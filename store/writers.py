@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from snapshot import NUM_KEY_GROUPS
 from snapshot.errors import CorruptDataError
@@ -66,7 +66,7 @@ class WriterTable:
 
     def retiring_ids(self, now_ms: int) -> set[int]:
         """Checkpoints being removed now (their intent not expired)."""
-        return {cid for cid, until, _ in self.retiring if until > now_ms}
+        return {cid for cid, _, _ in self._live_retiring(now_ms)}
 
     def with_writer(self, kg_lo: int, kg_hi: int, base: int | None, now_ms: int = 0) -> tuple[WriterTable, int]:
         """This table with a new writer for kg_lo..kg_hi (every overlapping writer dropped) and the epoch it got."""
@@ -77,19 +77,22 @@ class WriterTable:
             best = {b: e for b, e in restores}
             best[base] = epoch
             restores = tuple(sorted(best.items(), key=lambda r: r[1])[-MAX_RESTORE_RECORDS:])
-        retiring = tuple(r for r in self.retiring if r[1] > now_ms)
-        table = WriterTable(epoch + 1, (*kept, Writer(kg_lo, kg_hi, epoch, base)), tuple(sorted(restores)), retiring, self.serial + 1)
+        table = replace(self, next_epoch=epoch + 1, writers=(*kept, Writer(kg_lo, kg_hi, epoch, base)), restores=tuple(sorted(restores)),
+                        retiring=self._live_retiring(now_ms), serial=self.serial + 1)
         return table, epoch
+
+    def _live_retiring(self, now_ms: int) -> tuple[tuple[int, int, str], ...]:
+        """The removal intents not expired at now_ms (an expired one is dropped by the next change)."""
+        return tuple(r for r in self.retiring if r[1] > now_ms)
 
     def with_retiring(self, checkpoint_ids: set[int], until_ms: int, now_ms: int, owner: str) -> WriterTable:
         """This table announcing that ``owner`` is removing these checkpoints until until_ms (expired intents dropped)."""
-        kept = [r for r in self.retiring if r[1] > now_ms]
-        kept += [(cid, until_ms, owner) for cid in sorted(checkpoint_ids)]
-        return WriterTable(self.next_epoch, self.writers, self.restores, tuple(sorted(kept)), self.serial + 1)
+        kept = [*self._live_retiring(now_ms), *((cid, until_ms, owner) for cid in sorted(checkpoint_ids))]
+        return replace(self, retiring=tuple(sorted(kept)), serial=self.serial + 1)
 
     def without_retiring(self, owner: str) -> WriterTable:
         """This table with ``owner``'s removal intents withdrawn (its removal is done, or given up); others' stay."""
-        return WriterTable(self.next_epoch, self.writers, self.restores, tuple(r for r in self.retiring if r[2] != owner), self.serial + 1)
+        return replace(self, retiring=tuple(r for r in self.retiring if r[2] != owner), serial=self.serial + 1)
 
     def to_json(self) -> bytes:
         """Deterministic JSON."""

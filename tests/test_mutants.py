@@ -48,7 +48,7 @@ def test_the_property_examples_fail_with_their_defect_put_back(name: str, eras, 
 
 
 # (first seed, seeds) windows holding seeds that kill each mutant today (bench/simulate.py --mutants --seeds 500 finds more)
-SIM_KILLS = {"restore_keeps_its_epoch": (0, 6), "no_restore_records": (0, 6), "operator_writes_folded_into_cache": (60, 6),
+SIM_KILLS = {"restore_keeps_its_epoch": (0, 6), "no_restore_records": (0, 12), "operator_writes_folded_into_cache": (60, 6),
              "retention_forgets_restore_points": (0, 6)}
 
 

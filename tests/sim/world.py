@@ -820,18 +820,22 @@ class World:
             self.drain()
         return self.stats
 
+    def _run_until_quiet(self) -> None:
+        """Step every actor to its end (bounded), checking the invariants after each step."""
+        for _ in range(20000):
+            actor = self.sched.step()
+            if actor is None:
+                return
+            if actor.state == "done":
+                self.finish(actor)
+            self.check()
+
     def drain(self) -> None:
         """Faults off; every actor finishes; then every live subtask commits one more checkpoint, which must complete."""
         self.store.error_rate = self.store.lost_rate = 0.0
         self.crash_rate = 0.0
         self.zombies.clear()
-        for _ in range(20000):
-            actor = self.sched.step()
-            if actor is None:
-                break
-            if actor.state == "done":
-                self.finish(actor)
-            self.check()
+        self._run_until_quiet()
         leases = [until for _, until, _ in self.writers().retiring]
         if leases:  # a crashed removal's announcement holds its checkpoints until its lease ends: wait for that
             self.sched.now_ms = max(self.sched.now_ms, max(leases) + 1)
@@ -849,13 +853,7 @@ class World:
                 if sub.prev is None or sub.prev[0] != cid:
                     sub.next_cid = cid
                     self.snapshot(sub)
-            for _ in range(20000):
-                actor = self.sched.step()
-                if actor is None:
-                    break
-                if actor.state == "done":
-                    self.finish(actor)
-                self.check()
+            self._run_until_quiet()
             if cid in self.complete_versions():
                 break
         versions = self.complete_versions()
