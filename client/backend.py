@@ -179,6 +179,10 @@ def ttl_expired_mask(table: pa.Table, ttl_slots: Iterable[tuple[int, str, bool]]
     return expired
 
 
+# a local delta up to this size is sent with the scan for the pool to overlay (pools take requests of 16 MiB by default)
+INLINE_SCAN_DELTA_BYTES = 8 << 20
+
+
 class RemoteReadBackend:
     """A worker's keyed and operator state for one key-group range of a job, read through a RemotePool.
 
@@ -653,7 +657,12 @@ class RemoteReadBackend:
             blob = snapshot.SnapshotArrowWriter(self.state_versions).write(table)
         else:
             delta = snapshot.SnapshotArrowWriter(self.state_versions, changelog=True).write(changes) if changes.num_rows else b""
-            blob = self._pool.scan_checkpoint(self.job, checkpoint, key_groups=(lo, hi), delta=delta, manifest_etag=self._read_etag)
+            if len(delta) <= INLINE_SCAN_DELTA_BYTES:
+                blob = self._pool.scan_checkpoint(self.job, checkpoint, key_groups=(lo, hi), delta=delta, manifest_etag=self._read_etag)
+            else:  # larger than a pool takes in one request: overlay here what the pool would have overlaid
+                base = snapshot.read_snapshot(self._pool.scan_checkpoint(self.job, checkpoint, key_groups=(lo, hi), manifest_etag=self._read_etag))
+                table = snapshot.overlay(base.table.replace_schema_metadata(None), snapshot.filter_key_groups(changes, lo, hi))
+                blob = snapshot.SnapshotArrowWriter(base.state_versions, base.extra_metadata).write(table)
         local_versions = dict(self.state_versions.items())
         if not ttl_slots and not local_versions:
             return blob

@@ -163,6 +163,12 @@ def main(argv: list[str] | None = None) -> None:
     help="PEM roots: talk TLS to grpc:// pools, trusting these CAs (default: $CLINK_POOL_CA_FILE).",
 )
 @click.option("--pool-tls-server-name", metavar="NAME", help="Expected TLS server name when it differs from the pool's host.")
+@click.option("--pool-cert-file", envvar="CLINK_POOL_CERT_FILE", type=click.Path(dir_okay=False),
+              help="PEM client certificate for pools that require mutual TLS (with --pool-key-file; default: $CLINK_POOL_CERT_FILE).")
+@click.option("--pool-key-file", envvar="CLINK_POOL_KEY_FILE", type=click.Path(dir_okay=False),
+              help="PEM private key of --pool-cert-file (default: $CLINK_POOL_KEY_FILE).")
+@click.option("--insecure", is_flag=True, default=False,
+              help="Allow sending --pool-token without TLS to another machine (by default only loopback pools get it in plaintext).")
 @click.version_option(package_name="clink-remote-state", prog_name="clink")
 @click.pass_context
 def cli(
@@ -173,6 +179,9 @@ def cli(
     pool_token: str | None,
     pool_ca_file: str | None,
     pool_tls_server_name: str | None,
+    pool_cert_file: str | None,
+    pool_key_file: str | None,
+    insecure: bool,
 ) -> None:
     """Inspect and move clink job state with tools you already know.
 
@@ -188,12 +197,17 @@ def cli(
     """
     from client.sources import SourceConfig
 
-    roots = None
-    if pool_ca_file:
+    def read_pem(path: str | None, flag: str) -> bytes | None:
+        if not path:
+            return None
         try:
-            roots = Path(pool_ca_file).expanduser().read_bytes()
+            return Path(path).expanduser().read_bytes()
         except OSError as exc:
-            raise click.BadParameter(f"cannot read {pool_ca_file}: {exc.strerror or exc}", param_hint="--pool-ca-file") from None
+            raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint=flag) from None
+
+    roots = read_pem(pool_ca_file, "--pool-ca-file")
+    if bool(pool_cert_file) != bool(pool_key_file):
+        raise click.BadParameter("--pool-cert-file and --pool-key-file go together", param_hint="--pool-cert-file")
     ctx.obj = SourceConfig(
         s3_endpoint_url=s3_endpoint_url or None,
         s3_region=s3_region or None,
@@ -201,6 +215,9 @@ def cli(
         pool_token=pool_token or None,
         pool_tls_root_certificates=roots,
         pool_tls_server_name=pool_tls_server_name or None,
+        pool_tls_client_cert=read_pem(pool_cert_file, "--pool-cert-file"),
+        pool_tls_client_key=read_pem(pool_key_file, "--pool-key-file"),
+        insecure=insecure,
     )
 
 
@@ -638,11 +655,13 @@ Files are written to a temporary name and renamed into place: a failed export le
     help="Iceberg: what to do when the table exists.",
 )
 @click.option("--row-group-rows", type=click.IntRange(min=1), default=1 << 17, show_default=True, help="Parquet: rows per row group.")
+@click.option("--force", is_flag=True, default=False,
+              help="Replace an existing --out file (keeping its mode) or symlink, or write into a device or FIFO; refused without it.")
 @click.option("--progress/--no-progress", default=None, help="Progress bars on stderr (default: when stderr is a terminal).")
 @_output_option
 @click.pass_context
 def state_export(
-    ctx, src, dst, fmt, key_groups, ops, catalog_uri, warehouse, table_name, catalog_name, if_exists, row_group_rows, progress, output
+    ctx, src, dst, fmt, key_groups, ops, catalog_uri, warehouse, table_name, catalog_name, if_exists, row_group_rows, force, progress, output
 ):
     """Export SRC as an Arrow snapshot stream, a Parquet file or an Iceberg table."""
     fmt = fmt or _infer_format(dst, table_name)
@@ -659,15 +678,17 @@ def state_export(
     selection = _selection(key_groups, ops)
     from client.sources import load_source
 
+    if dst and dst != "-":
+        _check_out(dst, force)  # before the source is read: a refusal costs nothing
     with _progress(progress) as step:
         step(f"reading {src}")
         source = load_source(src, ctx.obj, selection)
         rows = source.table.num_rows
         if fmt == "arrow":
-            written = _export_arrow(source, dst, step)
+            written = _export_arrow(source, dst, step, force)
             where = dst
         elif fmt in ("parquet", "query"):
-            written = _export_parquet(source, dst, row_group_rows, step, query=fmt == "query")
+            written = _export_parquet(source, dst, row_group_rows, step, query=fmt == "query", force=force)
             where = dst
         else:
             written, where = _export_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if_exists, step)
@@ -689,25 +710,55 @@ def _infer_format(dst: str | None, table_name: str | None) -> str:
     return "arrow"
 
 
-@contextmanager
-def _atomic_output(dst: str) -> Iterator[str]:
-    """A temporary path beside ``dst`` that replaces it only when the block finishes without error."""
-    target = Path(dst).expanduser()
-    if target.is_dir():
+def _check_out(dst: str, force: bool) -> os.stat_result | None:
+    """What is at --out now (None: nothing); InvalidArgumentError for what may not be replaced without --force."""
+    import stat
+
+    try:
+        st = Path(dst).expanduser().lstat()
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
         raise InvalidArgumentError(f"--out {dst} is a directory; give a file name")
+    if not force:
+        special = not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode)
+        what = "a symlink" if stat.S_ISLNK(st.st_mode) else "a device, FIFO or socket" if special else "an existing file"
+        raise InvalidArgumentError(f"--out {dst} is {what}; pass --force to {'write to it' if special else 'replace it'}")
+    return st
+
+
+@contextmanager
+def _atomic_output(dst: str, force: bool = False) -> Iterator[str]:
+    """A temporary path beside ``dst`` that replaces it only when the block finishes without error.
+
+    An existing file is replaced only with ``force`` and keeps its mode; a symlink, device, FIFO or socket at ``dst`` is
+    refused without ``force`` (with it, a symlink itself is replaced and a device or FIFO is written to in place).
+    """
+    import stat
+
+    target = Path(dst).expanduser()
+    st = _check_out(dst, force)
+    special = st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode)
+    if special:  # --force on /dev/null or a FIFO: written in place (renaming over a device would replace the device)
+        yield str(target)
+        return
     if not target.parent.exists():
         raise NotFoundError(f"--out {dst}: directory {target.parent} does not exist")
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = stat.S_IMODE(st.st_mode) if st is not None and stat.S_ISREG(st.st_mode) else 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
         yield tmp
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def _export_arrow(source, dst: str, step) -> int | None:
+def _export_arrow(source, dst: str, step, force: bool = False) -> int | None:
     writer = SnapshotArrowWriter(source.state_versions, source.extra_metadata)
     advance = step("writing arrow stream", total=1)
     if dst == "-":
@@ -716,14 +767,14 @@ def _export_arrow(source, dst: str, step) -> int | None:
         sink.flush()
         advance()
         return None
-    with _atomic_output(dst) as tmp:
+    with _atomic_output(dst, force) as tmp:
         with pa.OSFile(tmp, "wb") as sink:
             writer.write_to(sink, source.table)
         advance()
     return Path(dst).stat().st_size
 
 
-def _export_parquet(source, dst: str, row_group_rows: int, step, query: bool = False) -> int:
+def _export_parquet(source, dst: str, row_group_rows: int, step, query: bool = False, force: bool = False) -> int:
     import pyarrow.parquet as pq
 
     from client.projections import parquet_projection, projection_metadata, query_projection
@@ -735,7 +786,7 @@ def _export_parquet(source, dst: str, row_group_rows: int, step, query: bool = F
     else:
         projected = parquet_projection(source.table, source.format_version, source.state_versions)
     advance = step("writing parquet", total=max(rows, 1))
-    with _atomic_output(dst) as tmp:
+    with _atomic_output(dst, force) as tmp:
         with pq.ParquetWriter(tmp, projected.schema, compression="zstd") as writer:
             if rows == 0:
                 writer.write_table(projected)

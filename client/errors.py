@@ -10,7 +10,9 @@ from snapshot.errors import (
     CorruptDataError,
     FencedError,
     InvalidArgumentError,
+    LimitExceededError,
     NotFoundError,
+    OverloadedError,
     PermissionDeniedError,
     UnauthenticatedError,
     UnavailableError,
@@ -22,6 +24,8 @@ __all__ = [
     "CorruptDataError",
     "FencedError",
     "InvalidArgumentError",
+    "LimitExceededError",
+    "OverloadedError",
     "MissingOperatorsError",
     "NotFoundError",
     "PermissionDeniedError",
@@ -53,18 +57,36 @@ STATUS_TO_ERROR: dict[grpc.StatusCode, type[ClinkError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: FencedError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: UnavailableError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: UnavailableError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: OverloadedError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
+
+# The error-class trailer the pool sends (pool.errors.ERROR_CLASS_METADATA_KEY) names a subclass more precise than the code.
+ERROR_BY_CLASS_NAME: dict[str, type[ClinkError]] = {cls.__name__: cls for cls in (LimitExceededError, OverloadedError)}
+ERROR_CLASS_METADATA_KEY = "clink-error-class"
 
 # Codes whose request certainly did nothing durable, or is idempotent to repeat: retried with backoff.
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
-def error_from_status(code: grpc.StatusCode, details: str | None, what: str) -> ClinkError:
-    """A domain error for a gRPC status; the pool's message (which names the file on DATA_LOSS) is kept."""
-    cls = STATUS_TO_ERROR.get(code, ClinkError)
+def error_class_of(exc: grpc.RpcError) -> str | None:
+    """The domain error class the pool named in the call's trailing metadata, if any."""
+    try:
+        trailers = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - an RpcError without trailers (e.g. raised by the channel itself)
+        return None
+    return next((v for k, v in trailers if k == ERROR_CLASS_METADATA_KEY), None)
+
+
+def retryable(code: grpc.StatusCode, error_class: str | None = None) -> bool:
+    """Whether a failed call may be retried: a retryable code, unless the pool said the request itself exceeds a limit."""
+    return code in RETRYABLE_CODES and error_class != LimitExceededError.__name__
+
+
+def error_from_status(code: grpc.StatusCode, details: str | None, what: str, error_class: str | None = None) -> ClinkError:
+    """A domain error for a gRPC status (the class the pool named, when known); the pool's message (which names the file on DATA_LOSS) is kept."""
+    cls = ERROR_BY_CLASS_NAME.get(error_class or "") or STATUS_TO_ERROR.get(code, ClinkError)
     message = details or code.name.lower()
     if cls is ClinkError:
         message = f"{code.name}: {message}"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from client.errors import RETRYABLE_CODES, ConflictError, InvalidArgumentError, UnavailableError, error_from_status
+from client.errors import ConflictError, InvalidArgumentError, UnavailableError, error_class_of, error_from_status, retryable
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
 from store.retry import full_jitter_backoff
@@ -29,6 +29,23 @@ class RetryPolicy:
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Sleep before retry number ``attempt`` (0-based): uniform in [0, min(cap, base * mult**attempt)]."""
         return full_jitter_backoff(attempt, rng, self.initial_backoff_s, self.max_backoff_s, self.multiplier)
+
+
+# one MultiGet carries at most this many keys and key bytes (half the pool's default limits); larger asks are split
+MULTI_GET_BATCH_KEYS = 50_000
+MULTI_GET_BATCH_BYTES = 4 << 20
+
+
+def _batches(sizes: list[int], max_items: int, max_bytes: int) -> Iterator[tuple[int, int]]:
+    """[lo, hi) runs of items, each at most max_items long and max_bytes big (an item bigger alone is a run of one)."""
+    lo, total = 0, 0
+    for i, size in enumerate(sizes):
+        if i > lo and (i - lo >= max_items or total + size > max_bytes):
+            yield lo, i
+            lo, total = i, 0
+        total += size
+    if lo < len(sizes) or not sizes:
+        yield lo, len(sizes)
 
 
 @dataclass(frozen=True)
@@ -203,18 +220,18 @@ class PoolClient:
             try:
                 return fn()
             except grpc.RpcError as exc:
-                self._back_off_or_raise(exc.code(), exc.details(), what, attempt)
+                self._back_off_or_raise(exc.code(), exc.details(), what, attempt, error_class_of(exc))
                 attempt += 1
 
-    def _back_off_or_raise(self, code: grpc.StatusCode, details: str, what: str, attempt: int) -> None:
-        """Sleep before the next try if ``code`` is retryable and attempts remain; otherwise raise the domain error."""
+    def _back_off_or_raise(self, code: grpc.StatusCode, details: str, what: str, attempt: int, error_class: str | None = None) -> None:
+        """Sleep before the next try if the failure is retryable and attempts remain; otherwise raise the domain error."""
         policy = self.config.retry
-        if code in RETRYABLE_CODES and attempt + 1 < policy.max_attempts:
+        if retryable(code, error_class) and attempt + 1 < policy.max_attempts:
             self.retries += 1
             self.config.sleep(policy.backoff(attempt, self._rng))
             return
-        err = error_from_status(code, details, what)
-        if code in RETRYABLE_CODES:
+        err = error_from_status(code, details, what, error_class)
+        if retryable(code, error_class):
             err = type(err)(f"{err} (gave up after {attempt + 1} attempt(s))")
         raise err from None
 
@@ -311,7 +328,7 @@ class PoolClient:
                 info = _info(resp.checkpoint)
                 return CommitResult(info, resp.bytes_written, attempts=attempt + 1, recovered=resp.repeated and attempt > 0)
             except grpc.RpcError as exc:
-                self._back_off_or_raise(exc.code(), exc.details(), what, attempt)
+                self._back_off_or_raise(exc.code(), exc.details(), what, attempt, error_class_of(exc))
                 attempt += 1
 
     def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes, manifest_etag: str = "") -> bytes | None:
@@ -332,6 +349,17 @@ class PoolClient:
         op_ids = list(op_ids)
         if len(op_ids) == 1 and len(keys) != 1:
             op_ids = op_ids * len(keys)  # the proto allows one shared op_id; pairing them up works with every pool version
+        if len(op_ids) != len(keys):
+            raise InvalidArgumentError(f"{len(op_ids)} op_ids for {len(keys)} keys; they must pair up")
+        out: list[bytes | None] = []
+        # batches within the pool's default limits (--max-multiget-keys, --max-multiget-key-mb), each pinned to the first's version
+        for lo, hi in _batches([len(k) for k in keys], MULTI_GET_BATCH_KEYS, MULTI_GET_BATCH_BYTES):
+            values, manifest_etag = self._multi_get_batch(job, checkpoint_id, op_ids[lo:hi], keys[lo:hi], manifest_etag)
+            out.extend(values)
+        return out, manifest_etag
+
+    def _multi_get_batch(self, job: str, checkpoint_id: int, op_ids: list[int], keys: Sequence[bytes],
+                         manifest_etag: str) -> tuple[list[bytes | None], str]:
         req = pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=op_ids, keys=list(keys), manifest_etag=manifest_etag)
         resp = self._call(
             f"multi-get of {len(keys)} key(s) from job {job!r} checkpoint {checkpoint_id}",
@@ -413,7 +441,7 @@ class PoolClient:
                 if attempt and code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.ABORTED):
                     raise ConflictError(f"{what}: {details} (an earlier attempt failed with its outcome unknown: "
                                         "the savepoint may be that attempt's)") from None
-                self._back_off_or_raise(code, details, what, attempt)
+                self._back_off_or_raise(code, details, what, attempt, error_class_of(exc))
                 attempt += 1
 
     def pin_checkpoint(self, job: str, holder: str, ttl_s: float, checkpoint_id: int = 0) -> PinInfo:

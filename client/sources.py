@@ -43,6 +43,11 @@ class SourceConfig:
     pool_token: str | None = None
     pool_tls_root_certificates: bytes | None = None
     pool_tls_server_name: str | None = None
+    # PEM client certificate and key for pools that require mutual TLS
+    pool_tls_client_cert: bytes | None = None
+    pool_tls_client_key: bytes | None = None
+    # allow sending the token over plaintext to a host other than this machine (it can be read on the way)
+    insecure: bool = False
 
 
 @dataclass(frozen=True)
@@ -313,22 +318,76 @@ def load_source(spec: str, config: SourceConfig | None = None, selection: Select
 _HTTP_ERRORS = {400: InvalidArgumentError, 401: UnauthenticatedError, 403: PermissionDeniedError, 404: NotFoundError}
 
 
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` names this machine (a token sent there in plaintext never crosses a network)."""
+    import ipaddress
+
+    if not host:
+        return False
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_token_transport(config: SourceConfig, tls: bool, host: str | None, where: str) -> None:
+    """Refuse to send the bearer token in plaintext to another machine unless ``insecure`` says so."""
+    if config.pool_token and not tls and not is_loopback(host) and not config.insecure:
+        raise InvalidArgumentError(
+            f"{where}: refusing to send the pool token in plaintext to {host}; use TLS (https://, or grpc:// with --pool-ca-file) "
+            "or pass --insecure"
+        )
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+
+
+def _opener(config: SourceConfig, context):
+    """A urllib opener whose redirects never carry the token to another origin and never go from https down to http."""
+    import urllib.request
+
+    class Redirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
+            old, new = _origin(req.full_url), _origin(newurl)
+            if old[0] == "https" and new[0] != "https":
+                raise UnavailableError(f"{req.full_url}: redirected to {newurl}, from https down to {new[0]}; refused")
+            redirected = super().redirect_request(req, fp, code, msg, headers, newurl)
+            if redirected is not None and new != old:  # another origin gets no token
+                for name in list(redirected.headers):
+                    if name.lower() == "authorization":
+                        del redirected.headers[name]
+                redirected.unredirected_hdrs.pop("Authorization", None)
+            return redirected
+
+    return urllib.request.build_opener(Redirects(), urllib.request.HTTPSHandler(context=context))
+
+
 def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
     """GET a snapshot stream (a pool's /jobs/JOB/state.arrow, or any URL serving one)."""
     import ssl
     import urllib.error
     import urllib.request
 
+    scheme, host, _ = _origin(ref.spec)
+    check_token_transport(config, scheme == "https", host, ref.spec)
     headers = {"Accept": "application/vnd.apache.arrow.stream"}
     if config.pool_token:
         headers["Authorization"] = f"Bearer {config.pool_token}"
     context = None
-    if ref.spec.startswith("https://") and config.pool_tls_root_certificates:
-        context = ssl.create_default_context(cadata=config.pool_tls_root_certificates.decode("ascii"))
+    if scheme == "https":
+        context = ssl.create_default_context(cadata=config.pool_tls_root_certificates.decode("ascii")) if config.pool_tls_root_certificates \
+            else ssl.create_default_context()
+        if config.pool_tls_client_cert and config.pool_tls_client_key:
+            _load_client_cert(context, config)
     try:
-        with urllib.request.urlopen(
-            urllib.request.Request(ref.spec, headers=headers), timeout=config.pool_timeout_s, context=context
-        ) as resp:
+        with _opener(config, context).open(urllib.request.Request(ref.spec, headers=headers), timeout=config.pool_timeout_s) as resp:
             return resp.read()
     except urllib.error.HTTPError as exc:
         body = " ".join(exc.read(500).decode("utf-8", errors="replace").split())
@@ -337,6 +396,18 @@ def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UnavailableError(f"{ref.spec}: cannot fetch: {reason}") from None
+
+
+def _load_client_cert(context, config: SourceConfig) -> None:
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="clink-tls-") as folder:
+        cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+        for path, pem in ((cert, config.pool_tls_client_cert), (key, config.pool_tls_client_key)):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
+                fh.write(pem)
+        context.load_cert_chain(cert, key)
 
 
 def _load_stored(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:
@@ -348,12 +419,16 @@ def _load_stored(ref: SourceRef, config: SourceConfig, selection: Selection) -> 
 def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:
     from client.pool_client import PoolClient, PoolClientConfig
 
+    host = ref.address.rsplit(":", 1)[0] if ref.address else None
+    check_token_transport(config, config.pool_tls_root_certificates is not None, host, f"pool {ref.address}")
     client_config = PoolClientConfig(
         call_deadline_s=config.pool_timeout_s,
         scan_deadline_s=max(config.pool_timeout_s, 60.0),
         token=config.pool_token,
         tls_root_certificates=config.pool_tls_root_certificates,
         tls_server_name=config.pool_tls_server_name,
+        tls_client_cert=config.pool_tls_client_cert,
+        tls_client_key=config.pool_tls_client_key,
     )
     try:
         return _scan_pool(ref, selection, PoolClient(ref.address, client_config))

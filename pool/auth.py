@@ -11,6 +11,7 @@ import ssl
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from snapshot.errors import InvalidArgumentError, PermissionDeniedError, Unauthe
 
 READ = "read"
 WRITE = "write"
+READ_WRITE = "read and write"  # a method that reads a job's state and writes from it (a savepoint)
 _ACCESS = {"r": frozenset({READ}), "read": frozenset({READ}), "w": frozenset({WRITE}), "write": frozenset({WRITE}),
            "rw": frozenset({READ, WRITE}), "read,write": frozenset({READ, WRITE}), "write,read": frozenset({READ, WRITE})}
 # answered without a token, so load balancers and orchestrators can probe the pool
@@ -91,6 +93,12 @@ class TokenGrant:
     jobs: tuple[str, ...]
     access: frozenset[str]
     name: str = ""
+
+    @property
+    def identity(self) -> str:
+        """A stable name of the token that reveals nothing usable: the start of its SHA-256 (the same for a hashed entry)."""
+        digest = self.token[len("sha256:"):] if self.token.startswith("sha256:") else hashlib.sha256(self.token.encode()).hexdigest()
+        return digest[:16].lower()
 
     def allows_job(self, job: str) -> bool:
         """Whether any job pattern matches ``job`` exactly (case-sensitive)."""
@@ -163,11 +171,13 @@ class TokenTable:
         return found
 
     def authorize(self, token: str | None, job: str, mode: str) -> TokenGrant:
-        """The grant if ``token`` may ``mode`` (read/write) ``job``; UnauthenticatedError or PermissionDeniedError otherwise."""
+        """The grant if ``token`` may ``mode`` (read, write, or both) ``job``; UnauthenticatedError or PermissionDeniedError otherwise."""
         grant = self.grant_for(token)
         if not grant.allows_job(job):
             raise PermissionDeniedError(f"token {grant.name} has no access to job {job!r}")
-        if mode not in grant.access:
+        if mode == READ_WRITE and not {READ, WRITE} <= grant.access:
+            raise PermissionDeniedError(f"token {grant.name} may not read and write job {job!r} (it may {', '.join(sorted(grant.access))})")
+        if mode != READ_WRITE and mode not in grant.access:
             raise PermissionDeniedError(f"token {grant.name} may not {mode} job {job!r} (it may {', '.join(sorted(grant.access))})")
         return grant
 
@@ -208,6 +218,15 @@ def _header_job(request_iterator: Iterator[pb.CommitChunk]) -> tuple[str, Iterat
     return job, replay()
 
 
+# the grant of the call being served (set by AuthInterceptor around the handler), for handlers that record who acted
+CALLER: ContextVar[TokenGrant | None] = ContextVar("clink_pool_caller", default=None)
+
+
+def caller() -> TokenGrant | None:
+    """The grant of the token of the call being served; None when the pool runs without tokens."""
+    return CALLER.get()
+
+
 # The one place that says which job each RemotePool method touches and whether it reads or writes.
 # CommitCheckpoint is a client stream: its job is in the header, the first message.
 METHOD_ACCESS: dict[str, str] = {
@@ -220,7 +239,7 @@ METHOD_ACCESS: dict[str, str] = {
     "ListCheckpoints": READ,
     "DescribeCheckpoint": READ,
     "ListJobs": READ,  # answered with the jobs the token may read
-    "Savepoint": WRITE,
+    "Savepoint": READ_WRITE,  # copies the job's state: a write-only token must not
     "PinCheckpoint": READ,  # readers pin what they read
     "UnpinCheckpoint": READ,
     "CompactCheckpoint": WRITE,
@@ -273,8 +292,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
                     del response.jobs[:]
                     response.jobs.extend(allowed)
                     return response
-                check(getattr(request, "job", None) if mode else None)
-                return inner(request, context)
+                grant = check(getattr(request, "job", None) if mode else None)
+                reset = CALLER.set(grant)
+                try:
+                    return inner(request, context)
+                finally:
+                    CALLER.reset(reset)
 
             return handler._replace(unary_unary=unary_unary)
         if handler.unary_stream is not None:

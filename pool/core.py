@@ -31,6 +31,7 @@ from snapshot.errors import (
     ConflictError,
     CorruptSnapshotError,
     InvalidArgumentError,
+    LimitExceededError,
     NotFoundError,
     UnavailableError,
     UnsupportedFormatVersionError,
@@ -191,7 +192,7 @@ class PoolCore:
 
     def _read_delta(self, request: CommitRequest, chunks: Iterable[bytes]) -> pa.Table:
         """The resolved changelog of the delta (one row per key), checked against the writer's range."""
-        data = b"".join(bytes(c) for c in chunks)
+        data = b"".join(self._bounded_chunks(request, chunks))
         if not data:
             return _as_changelog(pa.table({"op_id": pa.array([], pa.uint64()), "key_bytes": pa.array([], pa.binary()), "value_bytes": pa.array([], pa.binary())}), False)
         try:
@@ -214,6 +215,16 @@ class PoolCore:
                 )
         return table
 
+    def _bounded_chunks(self, request: CommitRequest, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """The delta's chunks, refused with LimitExceededError as soon as they pass max_commit_bytes."""
+        limit, total = self.config.max_commit_bytes, 0
+        for chunk in chunks:
+            total += len(chunk)
+            if total > limit:
+                raise LimitExceededError(f"the delta of checkpoint {request.checkpoint_id} holds more than {limit} bytes, "
+                                         f"the pool's limit per commit (--max-commit-mb {limit >> 20}); nothing was written")
+            yield bytes(chunk)
+
     def commit_checkpoint(self, request: CommitRequest, delta_chunks: Iterable[bytes]) -> CommitResult:
         """Stage one range of checkpoint N and complete it once the valid parts tile 0..127 (pool/protocol.py)."""
         job, operators, versions = self._validate_request(request)
@@ -235,12 +246,22 @@ class PoolCore:
         found, values, cid = self.multi_get_arrays(job, checkpoint_id, op_ids, keys, manifest_etag)
         return found.tolist(), values.to_pylist(), cid
 
+    def check_multi_get_size(self, keys: int, key_bytes: int | None) -> None:
+        """LimitExceededError when a MultiGet asks for more keys (or key bytes) than the pool serves in one call."""
+        if keys > self.config.max_multiget_keys:
+            raise LimitExceededError(f"a MultiGet of {keys} keys; the pool serves at most {self.config.max_multiget_keys} per call "
+                                     "(--max-multiget-keys): split it")
+        if key_bytes is not None and key_bytes > self.config.max_multiget_key_bytes:
+            raise LimitExceededError(f"a MultiGet carrying {key_bytes} bytes of keys; the pool takes at most "
+                                     f"{self.config.max_multiget_key_bytes} per call (--max-multiget-key-mb): split it")
+
     def multi_get_arrays(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes],
                          manifest_etag: str | None = None) -> tuple[np.ndarray, pa.Array, int]:
         """Point reads like multi_get, with the answers as arrays (found mask, binary values, b"" where not found), for encoding in bulk."""
         job = self._job(job)
         if len(op_ids) != len(keys):
             raise InvalidArgumentError(f"{len(op_ids)} op_ids for {len(keys)} keys; they must pair up")
+        self.check_multi_get_size(len(keys), None)
         ops = _uint64s(op_ids)
         try:
             key_array = pa.array(keys, pa.binary())
@@ -248,6 +269,7 @@ class PoolCore:
             raise InvalidArgumentError(f"keys must be bytes: {exc}") from None
         if key_array.null_count:
             raise InvalidArgumentError("keys must be bytes, not None")
+        self.check_multi_get_size(len(key_array), key_array.buffers()[2].size if key_array.buffers()[2] is not None else 0)
         manifest = self._resolve(job, checkpoint_id, manifest_etag)
         found, values = self.reader(job).lookup_values(manifest, ops, key_array)
         return found, values, manifest.checkpoint_id

@@ -23,6 +23,10 @@ class PoolConfig:
     resolved_index_after: int = 8  # point-read batches on one checkpoint before its merged view is indexed (-1: never)
     # a commit that takes longer publishes nothing: GC's minimum age (which must exceed this) protects its new files
     max_commit_s: float = 600.0
+    # what one request may carry (each past its limit: RESOURCE_EXHAUSTED naming it, nothing read further)
+    max_multiget_keys: int = 100_000
+    max_multiget_key_bytes: int = 8 << 20
+    max_commit_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         if not self.max_commit_s > 0:

@@ -4,31 +4,50 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import threading
+import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange
-from snapshot.errors import ClinkError, InvalidArgumentError, NotFoundError, PermissionDeniedError, UnauthenticatedError, UnavailableError
+from pool.http_serving import SOCKET_TIMEOUT_S, PoolHttpServer, serve_http, stop_http
+from snapshot.errors import (
+    ClinkError,
+    ConflictError,
+    CorruptDataError,
+    FencedError,
+    InvalidArgumentError,
+    LimitExceededError,
+    NotFoundError,
+    OverloadedError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 
 log = logging.getLogger("clink.pool.http")
 
 ARROW_STREAM_TYPE = "application/vnd.apache.arrow.stream"
 _ROUTE = re.compile(r"^/jobs/(?P<job>[^/]+)/state\.arrow$")
 _PARAMS = {"checkpoint", "key_groups", "op_id"}
-# seconds an idle or stalled connection may hold a handler thread
-SOCKET_TIMEOUT_S = 60.0
 
-# domain errors to HTTP status: the one table of this module
+# seconds an export may stream in all (a reader slower than this is cut off)
+EXPORT_MAX_S = 3600.0
+
+# domain errors to HTTP status, most specific first: the one table of this module
 STATUS_FOR_ERROR: tuple[tuple[type[ClinkError], int], ...] = (
     (NotFoundError, 404),
     (InvalidArgumentError, 400),
+    (OverloadedError, 503),
+    (LimitExceededError, 413),
     (UnavailableError, 503),
     (UnauthenticatedError, 401),
     (PermissionDeniedError, 403),
+    (ConflictError, 409),
+    (FencedError, 409),
+    (CorruptDataError, 502),  # the store holds damaged data: the pool is a gateway to it, and says which file
 )
 
 
@@ -97,14 +116,12 @@ def parse_request(path: str) -> ExportRequest | None:
     return ExportRequest(job, checkpoint_id, key_groups, tuple(op_ids))
 
 
-class _ExportServer(ThreadingHTTPServer):
-    daemon_threads = True
+class _ExportServer(PoolHttpServer):
     core: PoolCore
     tokens = None  # a pool.auth.TokenTable: every route but /healthz needs a bearer token with read access to the job
-
-    def handle_error(self, request: object, client_address: tuple) -> None:
-        # a failed TLS handshake or a dropped connection is the client's problem: one log line, no traceback
-        log.info("connection from %s failed: %s", client_address[0], sys.exc_info()[1])
+    exports: threading.BoundedSemaphore  # exports streamed at once
+    max_exports = 0
+    redact = staticmethod(str)  # takes the store's location out of messages sent to clients
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -116,10 +133,14 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's signature
         log.debug("%s %s", self.address_string(), format % args)
 
-    def _plain(self, status: int, text: str) -> None:
-        body = (" ".join(text.split()) + "\n").encode()
+    def _plain(self, status: int, text: str, error: BaseException | None = None) -> None:
+        body = (" ".join(self.server.redact(text).split()) + "\n").encode()
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
+        if error is not None:
+            self.send_header("X-Clink-Error", type(error).__name__)  # the domain error's class, as the gRPC trailer names it
+        if status == 503:
+            self.send_header("Retry-After", "1")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -143,9 +164,16 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 self.server.tokens.authorize(bearer_token(self.headers.get("Authorization")), request.job, READ)
             except ClinkError as exc:
-                self._plain(status_for(exc), str(exc))
+                self._plain(status_for(exc), str(exc), exc)
                 return
-        self._export(request)
+        if not self.server.exports.acquire(blocking=False):
+            busy = OverloadedError(f"the pool is streaming {self.server.max_exports} exports, its limit (--max-http-exports); retry later")
+            self._plain(503, str(busy), busy)
+            return
+        try:
+            self._export(request)
+        finally:
+            self.server.exports.release()
 
     def _export(self, request: ExportRequest) -> None:
         core = self.server.core
@@ -160,7 +188,9 @@ class _Handler(BaseHTTPRequestHandler):
             status = status_for(exc)
             if status == 500:
                 log.exception("export of job %s failed", request.job)
-            self._plain(status, str(exc) if isinstance(exc, ClinkError) else f"internal error: {type(exc).__name__}: {exc}")
+            else:
+                log.info("export of job %s -> %d: %s", request.job, status, exc)
+            self._plain(status, str(exc) if isinstance(exc, ClinkError) else f"internal error: {type(exc).__name__}", exc)
             return
         self.send_response(200)
         self.send_header("Content-Type", ARROW_STREAM_TYPE)
@@ -169,8 +199,13 @@ class _Handler(BaseHTTPRequestHandler):
         if checkpoint_id:
             self.send_header("X-Clink-Checkpoint", str(checkpoint_id))
         self.end_headers()
+        deadline = time.monotonic() + EXPORT_MAX_S
         try:
             for chunk in _prepend(first, chunks):
+                if time.monotonic() > deadline:
+                    log.info("export of job %s cut off after %.0f s", request.job, EXPORT_MAX_S)
+                    self.close_connection = True
+                    return
                 if chunk:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.write(b"0\r\n\r\n")
@@ -210,24 +245,23 @@ class HttpExport:
 
     def stop(self) -> None:
         """Stop accepting, close the socket and join the serving thread."""
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        stop_http(self.server, self.thread)
 
 
-def start_http_export(core: PoolCore, host: str = "127.0.0.1", port: int = 0, tls=None, tokens=None) -> HttpExport:
+def start_http_export(core: PoolCore, host: str = "127.0.0.1", port: int = 0, tls=None, tokens=None, max_exports: int = 4,
+                      redact=str) -> HttpExport:
     """Serve the export routes over ``core`` on host:port (0 picks a free port) from a background thread; HTTPS with ``tls``."""
+    def configure(server: _ExportServer) -> None:
+        server.core = core
+        server.tokens = tokens
+        server.exports = threading.BoundedSemaphore(max_exports)
+        server.max_exports = max_exports
+        server.redact = redact
+
     try:
-        server = _ExportServer((host, port), _Handler)
-    except OSError as exc:
-        raise UnavailableError(f"cannot serve the HTTP export on {host}:{port}: {exc.strerror or exc}") from None
-    if tls is not None:
-        # the handshake runs lazily in the handler's thread, so a slow client never stalls the accept loop
-        server.socket = tls.ssl_context().wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
-    server.core = core
-    server.tokens = tokens
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="pool-http-export", daemon=True)
-    thread.start()
+        server, thread = serve_http(host, port, _Handler, tls, name="pool-http-export", server_class=_ExportServer, configure=configure)
+    except UnavailableError as exc:
+        raise UnavailableError(str(exc).replace("cannot serve HTTP", "cannot serve the HTTP export")) from None
     export = HttpExport(server, thread, host, server.server_address[1], tls=tls is not None)
     log.info("HTTP export on %s/jobs/JOB/state.arrow", export.url)
     return export

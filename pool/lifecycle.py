@@ -15,12 +15,22 @@ from pool.core import validate_job
 from pool.protocol import remove_checkpoint
 from pool.writers import Fencing, first_epoch
 from snapshot import NUM_KEY_GROUPS
-from snapshot.errors import ClinkError, ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError, UnavailableError
+from snapshot.errors import (
+    ClinkError,
+    ConflictError,
+    CorruptDataError,
+    InvalidArgumentError,
+    LimitExceededError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnavailableError,
+)
 from store.checkpoint import CheckpointReader, SegmentCache
 from store.datafile import KIND_BASE, KIND_DELTA, DataFile, EncodedFile, encode_datafile, verify_file
 from store.layout import (
     GC_MARKER,
     JOB_GC_MARKER,
+    SAVEPOINT_ENTRIES,
     SAVEPOINT_MANIFEST,
     SAVEPOINTS,
     job_gc_marker_key,
@@ -30,6 +40,8 @@ from store.layout import (
     parse_job_key,
     part_key,
     pin_key,
+    pin_prefix,
+    savepoint_of,
     savepoint_prefix,
     writers_key,
 )
@@ -62,8 +74,13 @@ class LifecycleConfig:
     cache_bytes: int = 128 << 20
     # a compaction or savepoint that takes longer publishes nothing (GC's minimum age protects only what is younger)
     max_write_s: float = 1800.0
+    # pins: how many one job may hold (each blocks retention), and for how long one may last before it is renewed
+    max_pins_per_job: int = 64
+    max_pin_ttl_s: float = 7 * 86400.0
 
     def __post_init__(self) -> None:
+        if self.max_pins_per_job < 1 or not self.max_pin_ttl_s > 0:
+            raise InvalidArgumentError(f"max_pins_per_job ({self.max_pins_per_job}) and max_pin_ttl_s ({self.max_pin_ttl_s}) must be positive")
         if not 0 < self.max_write_s:
             raise InvalidArgumentError(f"max_write_s = {self.max_write_s} must be positive")
         if self.retain_last < 1:
@@ -194,6 +211,16 @@ class Lifecycle:
     def _name(self, name: object, what: str = "savepoint name") -> str:
         return validate_name(name, what, self.config.max_name_bytes)
 
+    def _savepoint_name(self, name: object) -> str:
+        """A savepoint's name: NAME, or JOB/NAME for one the pool's RPC wrote under its job (NAME not a folder entry's name)."""
+        if isinstance(name, str) and name.count("/") == 1:
+            job, own = name.split("/")
+            job, own = self._job(job), self._name(own)
+            if own in SAVEPOINT_ENTRIES:
+                raise InvalidArgumentError(f"savepoint name {own!r} is reserved (a savepoint folder holds {', '.join(sorted(SAVEPOINT_ENTRIES))})")
+            return f"{job}/{own}"
+        return self._name(name)
+
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
@@ -211,9 +238,9 @@ class Lifecycle:
         return reader, reader.manifest(checkpoint_id), job_prefix(job)
 
     def open_savepoint(self, name: str, store: ObjectStore | None = None) -> tuple[CheckpointReader, Manifest, str]:
-        """(reader, manifest, folder) of a savepoint, read through a read-only view of its folder."""
+        """(reader, manifest, folder) of a savepoint (NAME or JOB/NAME), read through a read-only view of its folder."""
         store = store or self.store
-        name = self._name(name)
+        name = self._savepoint_name(name)
         base = savepoint_prefix(name)
         try:
             data = store.get(base + SAVEPOINT_MANIFEST)
@@ -229,17 +256,20 @@ class Lifecycle:
 
     # ---- savepoints ------------------------------------------------------------------------------------------
 
-    def savepoint(self, job: str, checkpoint_id: int, name: str, target_store: ObjectStore | None = None) -> SavepointInfo:
+    def savepoint(self, job: str, checkpoint_id: int, name: str, target_store: ObjectStore | None = None,
+                  under_job: bool = False) -> SavepointInfo:
         """Write savepoints/NAME/ (one folded base file + _metadata, relative paths) into target_store or this store.
 
+        ``under_job``: write savepoints/JOB/NAME/ instead, the job's own namespace (what a job's token may write through
+        the pool's RPC: no tenant can create or squat a name another job's savepoints use).
         The layers of the checkpoint are folded into one canonical base covering 0..127 with about one segment per
         key group, so the savepoint is self-contained, compact, and any key-group range reads only its bytes.
         """
-        name = self._name(name)
+        name = self._savepoint_name(f"{self._job(job)}/{self._name(name)}" if under_job else self._name(name))
         target = target_store or self.store
         base = savepoint_prefix(name)
         if target.exists(base + SAVEPOINT_MANIFEST):
-            raise ConflictError(f"savepoint {name!r} already exists in {target.uri}")
+            raise ConflictError(f"savepoint {name!r} already exists")
         reader, manifest, _ = self.open_checkpoint(job, checkpoint_id)
         table = reader.read_manifest_table(manifest)
         encoded = encode_datafile(table, changelog=False, target_segment_bytes=_fold_target(table, NUM_KEY_GROUPS))
@@ -261,12 +291,13 @@ class Lifecycle:
         try:
             target.put_if_absent(base + SAVEPOINT_MANIFEST, _manifest_json(sp, extra))  # written last: the savepoint exists from here on
         except ConflictError:
-            raise ConflictError(f"savepoint {name!r} was created concurrently in {target.uri}; this copy was not published") from None
+            raise ConflictError(f"savepoint {name!r} was created concurrently; this copy was not published") from None
         return SavepointInfo(name, target.uri, manifest.job, manifest.checkpoint_id, len(files), len(encoded.data), encoded.rows)
 
     def list_savepoints(self, store: ObjectStore | None = None) -> list[str]:
-        """Names of every folder under savepoints/ (complete or not), sorted."""
-        return (store or self.store).list_prefixes(SAVEPOINTS)
+        """Names (NAME, or JOB/NAME for those written under a job) of every savepoint folder (complete or not), sorted."""
+        store = store or self.store
+        return sorted({name for info in store.list(SAVEPOINTS) if (name := savepoint_of(info.key)) is not None})
 
     # ---- restore ---------------------------------------------------------------------------------------------
 
@@ -367,15 +398,31 @@ class Lifecycle:
 
     # ---- pins ------------------------------------------------------------------------------------------------
 
-    def pin(self, job: str, checkpoint_id: int, holder: str, ttl_s: float) -> tuple[int, int]:
-        """Protect a complete checkpoint (0 = latest) from retention until now + ttl_s (renewable): (checkpoint id, expiry ms)."""
+    def pin(self, job: str, checkpoint_id: int, holder: str, ttl_s: float, owner: str | None = None) -> tuple[int, int]:
+        """Protect a complete checkpoint (0 = latest) from retention until now + ttl_s (renewable): (checkpoint id, expiry ms).
+
+        ``owner``: who pins (a token's identity through the RPC; None for the operator's commands); a pin of the same holder
+        made by another owner is theirs and is not taken over. A job holds at most max_pins_per_job pins, each at most
+        max_pin_ttl_s long, so pins cannot block retention without bound.
+        """
         job, holder = self._job(job), self._name(holder, "pin holder")
-        if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s < 10 * 365 * 86400:
-            raise InvalidArgumentError(f"pin ttl {ttl_s!r} must be a positive number of seconds (under ten years)")
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s:
+            raise InvalidArgumentError(f"pin ttl {ttl_s!r} must be a positive number of seconds")
+        if ttl_s > self.config.max_pin_ttl_s:
+            raise LimitExceededError(f"pin ttl {ttl_s:g} s is longer than the pool allows ({self.config.max_pin_ttl_s:g} s); renew a shorter pin instead")
         _, manifest, _ = self.open_checkpoint(job, checkpoint_id)
+        key = pin_key(job, manifest.checkpoint_id, holder)
+        current = self._pin_body(key)
+        if current is not None and current.get("owner") != owner and owner is not None:
+            raise PermissionDeniedError(f"pin {holder!r} of checkpoint {manifest.checkpoint_id} is held by another token; pick another holder name")
+        if current is None:
+            pins = sum(1 for _ in self.store.list(pin_prefix(job)))
+            if pins >= self.config.max_pins_per_job:
+                raise LimitExceededError(f"job {job} holds {pins} pins, the pool's limit (max_pins_per_job); unpin or let some expire")
         expires = self._now_ms() + int(ttl_s * 1000)
         body = {"format": PIN_FORMAT, "job": job, "checkpoint_id": manifest.checkpoint_id, "holder": holder, "expires_at_ms": expires}
-        key = pin_key(job, manifest.checkpoint_id, holder)
+        if owner is not None:
+            body["owner"] = owner
         self.store.put(key, json.dumps(body, sort_keys=True).encode())
         table, _ = self.fencing.read(job)  # read after the pin landed: retention re-lists pins after announcing what it removes
         if manifest.checkpoint_id in table.retiring_ids(self._now_ms()) or not self.store.exists(metadata_key(job, manifest.checkpoint_id)):
@@ -383,12 +430,26 @@ class Lifecycle:
             raise NotFoundError(f"checkpoint {manifest.checkpoint_id} of job {job} is being deleted; it cannot be pinned")
         return manifest.checkpoint_id, expires
 
-    def unpin(self, job: str, checkpoint_id: int, holder: str) -> None:
-        """Drop a pin (idempotent)."""
+    def _pin_body(self, key: str) -> dict | None:
+        try:
+            body = json.loads(self.store.get(key))
+        except NotFoundError:
+            return None
+        except ValueError:
+            raise CorruptDataError(f"pin {key} is malformed") from None
+        return body if isinstance(body, dict) else {}
+
+    def unpin(self, job: str, checkpoint_id: int, holder: str, owner: str | None = None, may_unpin_others: bool = True) -> None:
+        """Drop a pin (idempotent); one another owner made only with ``may_unpin_others`` (write access to the job)."""
         job, holder = self._job(job), self._name(holder, "pin holder")
         if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 1:
             raise InvalidArgumentError(f"checkpoint id {checkpoint_id!r} of a pin must be a positive integer")
-        self.store.delete(pin_key(job, checkpoint_id, holder))
+        key = pin_key(job, checkpoint_id, holder)
+        if not may_unpin_others:
+            current = self._pin_body(key)
+            if current is not None and current.get("owner") != owner:
+                raise PermissionDeniedError(f"pin {holder!r} of checkpoint {checkpoint_id} was made by another token; removing it needs write access")
+        self.store.delete(key)
 
     def _live_pins(self, infos: list[ObjectInfo], now_ms: int) -> tuple[set[int], list[str]]:
         """(checkpoint ids held by unexpired pins, keys of expired pins) among listed pin objects."""
@@ -619,7 +680,7 @@ class Lifecycle:
             elif parts[0] == "jobs" and len(parts) > 2:
                 by_job.setdefault(parts[1], []).append(info)
             elif parts[0] == "savepoints" and len(parts) > 2:
-                by_savepoint.setdefault(parts[1], []).append(info)
+                by_savepoint.setdefault(savepoint_of(info.key) or parts[1], []).append(info)
         if markers and not dry_run:
             try:
                 result.resumed = json.loads(self.store.get(markers[0]))

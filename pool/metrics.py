@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -71,21 +72,34 @@ class PoolMetrics:
 
     def serve_http(self, host: str, port: int, tls=None) -> int:
         """Start the /metrics HTTP endpoint (HTTPS with a pool.auth.TlsConfig); returns the bound port (port 0 picks a free one)."""
-        if tls is not None:
-            with tls.pem_files() as (cert, key, client_ca):
-                server, thread = start_http_server(port, addr=host, registry=self.registry, certfile=cert, keyfile=key, client_cafile=client_ca,
-                                                   client_auth_required=client_ca is not None)
-        else:
-            server, thread = start_http_server(port, addr=host, registry=self.registry)
+        from pool.http_serving import SOCKET_TIMEOUT_S, serve_http
+
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = SOCKET_TIMEOUT_S  # the TLS handshake too: it runs in this connection's thread
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's signature
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                body = generate_latest(registry) if self.path.split("?", 1)[0] in ("/", "/metrics") else b"not found\n"
+                self.send_response(200 if body != b"not found\n" else 404)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        server, thread = serve_http(host, port, Handler, tls, name="pool-metrics")
         self._http, self._http_thread = server, thread
-        self.http_port = server.server_port
+        self.http_port = server.server_address[1]
         return self.http_port
 
     def close(self) -> None:
         """Stop the HTTP endpoint if it runs."""
         if self._http is not None:
-            self._http.shutdown()  # type: ignore[attr-defined]
-            self._http.server_close()  # type: ignore[attr-defined]
-            if self._http_thread is not None:
-                self._http_thread.join(timeout=5)
+            from pool.http_serving import stop_http
+
+            stop_http(self._http, self._http_thread)  # type: ignore[arg-type]
             self._http = None

@@ -5,17 +5,18 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from pool.auth import AuthInterceptor, TlsConfig, TokenTable
+from pool.admission import Admission, AdmissionConfig, LaneExecutor
+from pool.auth import OPEN_METHODS, AuthInterceptor, TlsConfig, TokenTable
 from pool.core import PoolCore
 from pool.domain import PoolConfig
-from pool.errors import StatusInterceptor
+from pool.errors import store_redactor
+from pool.interceptor import StatusInterceptor
 from pool.lifecycle import LifecycleConfig
 from pool.metrics import PoolMetrics
 from pool.servicer import SERVICE_NAME, RemotePoolServicer, add_to_server
@@ -29,6 +30,9 @@ log = logging.getLogger("clink.pool")
 # (1,000 values of up to ~60 KiB) or an overlay delta in one ScanCheckpoint request, while still
 # bounding what one message can make the server allocate.
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+# 16 MiB in: a CommitChunk is ~1 MiB and clients split MultiGets (50,000 keys, 4 MiB) and large scan overlays, so no honest
+# request comes near it, while a caller cannot make the pool buffer more than this per call before it is refused
+DEFAULT_MAX_REQUEST_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,11 @@ class PoolServerConfig:
     metrics_host: str = "127.0.0.1"
     # None: no HTTP export; 0: a free port (see PoolServer.http_port). Serves GET /jobs/JOB/state.arrow on metrics_host.
     http_port: int | None = None
+    max_http_exports: int = 4  # exports streamed at once; more get 503
     max_workers: int = 16
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # the largest request message taken (grpc buffers a whole message before any handler can refuse it)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     grace_seconds: float = 5.0
     store: StoreConfig = field(default_factory=StoreConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
@@ -52,18 +59,20 @@ class PoolServerConfig:
     # access control (pool/auth.py): TLS on the gRPC and HTTP ports, bearer tokens scoped to jobs; None: off
     tls: TlsConfig | None = None
     tokens: TokenTable | None = None
-    # None: grpc's defaults; past max_concurrent_rpcs new calls get RESOURCE_EXHAUSTED
-    max_concurrent_rpcs: int | None = None
+    # calls admitted at once (in all, per token), idle and overall deadlines of every call (pool/admission.py)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    # None: grpc's default (HTTP/2 streams per connection)
     max_concurrent_streams: int | None = None
     # the lifecycle RPCs' thresholds (GC minimum age, compaction, retention)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
 
 
-def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """Channel/server options shared by the server and by clients that want the same limits."""
+def grpc_options(max_message_bytes: int, max_request_bytes: int | None = None) -> list[tuple[str, int]]:
+    """Channel/server options: messages sent up to max_message_bytes, received up to max_request_bytes (default: the same)."""
+    received = max_message_bytes if max_request_bytes is None else min(max_message_bytes, max_request_bytes)
     return [
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", received),
     ]
 
 
@@ -82,6 +91,8 @@ class PoolServer:
         self.metrics = PoolMetrics()
         self.metrics.watch_core(self._core_stats)
         self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.admission = Admission(config.admission)
+        self._executor: LaneExecutor | None = None
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         self._done = threading.Event()
@@ -116,15 +127,16 @@ class PoolServer:
 
     def start(self) -> PoolServer:
         """Bind, register the services and start serving; UnavailableError if the address cannot be bound."""
-        # the token is checked before the request is decoded, so an unauthenticated caller learns nothing about it
+        # the token and the limits are checked on grpc's serving thread, before a call is queued or its request decoded
         auth = AuthInterceptor(self.config.tokens) if self.config.tokens else None
-        interceptors = [StatusInterceptor(self.metrics, admit=auth.authenticate), auth] if auth else [StatusInterceptor(self.metrics)]
+        status = StatusInterceptor(self.metrics, admit=auth.authenticate if auth else None, admission=self.admission, open_methods=OPEN_METHODS,
+                                   redact=store_redactor(self.store.uri))
+        self._executor = LaneExecutor(self.config.max_workers, self.config.admission)
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="pool-rpc"),
-            interceptors=interceptors,
-            options=grpc_options(self.config.max_message_bytes)
+            self._executor,
+            interceptors=[status, auth] if auth else [status],
+            options=grpc_options(self.config.max_message_bytes, self.config.max_request_bytes)
             + ([("grpc.max_concurrent_streams", self.config.max_concurrent_streams)] if self.config.max_concurrent_streams else []),
-            maximum_concurrent_rpcs=self.config.max_concurrent_rpcs,
         )
         add_to_server(RemotePoolServicer(self.core, lifecycle_config=self.config.lifecycle), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -145,7 +157,8 @@ class PoolServer:
         if self.config.http_port is not None:
             from pool.http_export import start_http_export
 
-            self.http_export = start_http_export(self.core, self.config.metrics_host, self.config.http_port, tls=self.config.tls, tokens=self.config.tokens)
+            self.http_export = start_http_export(self.core, self.config.metrics_host, self.config.http_port, tls=self.config.tls, tokens=self.config.tokens,
+                                                  max_exports=self.config.max_http_exports, redact=store_redactor(self.store.uri))
         server.start()
         self._server = server
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -163,6 +176,8 @@ class PoolServer:
         log.info("RemotePool on %s stopping (grace %.1fs)", self.address, grace)
         self.health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
         self.metrics.close()
         if self.http_export is not None:
             self.http_export.stop()

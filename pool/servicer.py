@@ -9,13 +9,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pool.auth import WRITE, caller
 from pool.core import PoolCore
 from pool.domain import CheckpointInfo, CommitRequest, KeyGroupRange
 from pool.lifecycle import Lifecycle, LifecycleConfig
 from pool.streaming import length_delimited_field_1
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
-from snapshot.errors import InvalidArgumentError
+from snapshot.errors import InvalidArgumentError, LimitExceededError
+from store.layout import savepoint_prefix
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RemotePool"].full_name
 
@@ -100,6 +102,7 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         return pb.GetResponse(found=found, value=value, checkpoint_id=checkpoint_id, manifest_etag=etag)
 
     def MultiGet(self, request: pb.MultiGetRequest, context: grpc.ServicerContext) -> bytes:
+        self.core.check_multi_get_size(len(request.keys), None)  # before a Python object is made per key
         keys = list(request.keys)
         op_ids = np.array(request.op_ids, dtype=np.uint64)  # one C-level conversion, no Python int per key
         if len(op_ids) == 1 and len(keys) > 1:
@@ -132,16 +135,22 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         return pb.DeleteCheckpointResponse()
 
     def Savepoint(self, request: pb.SavepointRequest, context: grpc.ServicerContext) -> pb.SavepointResponse:
-        info = self.lifecycle.savepoint(request.job, request.checkpoint_id, request.name)
+        # under the job's own prefix: a job's token cannot create, squat or probe the names of another job's savepoints
+        info = self.lifecycle.savepoint(request.job, request.checkpoint_id, request.name, under_job=True)
+        # relative to the pool's store: the store's URI (bucket, prefix) is the operator's, not the caller's
         return pb.SavepointResponse(name=info.name, checkpoint_id=info.checkpoint_id, files=info.files, bytes=info.bytes, rows=info.rows,
-                                    location=f"{info.store_uri.rstrip('/')}/savepoints/{info.name}")
+                                    location=savepoint_prefix(info.name))
 
     def PinCheckpoint(self, request: pb.PinCheckpointRequest, context: grpc.ServicerContext) -> pb.PinCheckpointResponse:
-        checkpoint_id, expires = self.lifecycle.pin(request.job, request.checkpoint_id, request.holder, request.ttl_seconds)
+        grant = caller()  # a pin belongs to the token that made it
+        checkpoint_id, expires = self.lifecycle.pin(request.job, request.checkpoint_id, request.holder, request.ttl_seconds,
+                                                    owner=grant.identity if grant else None)
         return pb.PinCheckpointResponse(checkpoint_id=checkpoint_id, expires_at_ms=expires)
 
     def UnpinCheckpoint(self, request: pb.UnpinCheckpointRequest, context: grpc.ServicerContext) -> pb.UnpinCheckpointResponse:
-        self.lifecycle.unpin(request.job, request.checkpoint_id, request.holder)
+        grant = caller()  # another token's pin needs write access to go
+        self.lifecycle.unpin(request.job, request.checkpoint_id, request.holder, owner=grant.identity if grant else None,
+                             may_unpin_others=grant is None or WRITE in grant.access)
         return pb.UnpinCheckpointResponse()
 
     def CompactCheckpoint(self, request: pb.CompactCheckpointRequest, context: grpc.ServicerContext) -> pb.CompactCheckpointResponse:
@@ -228,6 +237,20 @@ def encode_multi_get_response(found: np.ndarray, values: pa.Array, checkpoint_id
     return b"".join([*head, out.tobytes(), tail])
 
 
+def _bounded(deserialize, core: PoolCore):
+    """MultiGet's deserializer, refusing a request larger than its key limits allow before parsing it (parsing costs per key)."""
+    config = core.config
+    limit = config.max_multiget_key_bytes + 16 * config.max_multiget_keys + (64 << 10)  # keys, their framing and op_ids, the rest
+
+    def decode(raw: bytes) -> pb.MultiGetRequest:
+        if len(raw) > limit:
+            raise LimitExceededError(f"a MultiGet request of {len(raw)} bytes; with --max-multiget-keys {config.max_multiget_keys} and "
+                                     f"--max-multiget-key-mb {config.max_multiget_key_bytes >> 20} the pool takes at most {limit}: split it")
+        return deserialize(raw)
+
+    return decode
+
+
 class _HandlerCapture:
     """Stands in for a grpc.Server while the generated code registers its handlers, so they can be adjusted first."""
 
@@ -249,6 +272,7 @@ def add_to_server(servicer: RemotePoolServicer, server: grpc.Server) -> None:
     pb_grpc.add_RemotePoolServicer_to_server(servicer, capture)
     handlers = dict(capture.handlers)
     handlers["ScanCheckpoint"] = handlers["ScanCheckpoint"]._replace(response_serializer=_encoded)
-    handlers["MultiGet"] = handlers["MultiGet"]._replace(response_serializer=_encoded)
+    handlers["MultiGet"] = handlers["MultiGet"]._replace(response_serializer=_encoded,
+                                                         request_deserializer=_bounded(handlers["MultiGet"].request_deserializer, servicer.core))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

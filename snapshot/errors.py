@@ -55,3 +55,15 @@ class PermissionDeniedError(ClinkError):
 
 class UnauthenticatedError(ClinkError):
     """The caller presented no valid credentials."""
+
+
+class ResourceExhaustedError(ClinkError):
+    """A limit of the server or of a read was reached; the message names the limit and the flag that sets it."""
+
+
+class OverloadedError(ResourceExhaustedError, UnavailableError):
+    """Too many calls at once (in all, or of one token); nothing was done, so retrying later is safe."""
+
+
+class LimitExceededError(ResourceExhaustedError):
+    """The request itself is larger than a limit allows (keys, bytes, batches); the same request will fail again."""

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from snapshot.errors import CorruptSnapshotError, InvalidArgumentError, UnsupportedFormatVersionError
+from snapshot.messages import DEFAULT_LIMITS, ReadLimits, check_stream
 from snapshot.versions import StateVersionMap
 
 FORMAT_VERSION = 1
@@ -210,7 +211,7 @@ def _is_arrow_file(source: pa.BufferReader | pa.Buffer) -> bool:
         source.seek(0)
         head = source.read(len(ARROW_FILE_MAGIC))
     else:
-        head = buffer.slice(0, len(ARROW_FILE_MAGIC)).to_pybytes()
+        head = buffer.slice(0, min(len(ARROW_FILE_MAGIC), buffer.size)).to_pybytes()
     return head == ARROW_FILE_MAGIC
 
 
@@ -264,9 +265,15 @@ def _snapshot_of(table: pa.Table, metadata: dict[bytes, bytes], is_changelog: bo
     return Snapshot(table, version, state_versions, metadata, is_changelog)
 
 
-def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
-    """The reference reader: check the stream is whole, its schema, nulls, offsets and metadata; return the table and what it declares."""
+def read_snapshot(data: Bytesish | pa.NativeFile, limits: ReadLimits = DEFAULT_LIMITS) -> Snapshot:
+    """The reference reader: check the stream is whole, its schema, nulls, offsets and metadata; return the table and what it declares.
+
+    Every message is checked before anything is decoded (snapshot/messages.py): compressed or dictionary batches are refused,
+    and ``limits`` bound the bytes and the number of batches, so a small crafted stream cannot make the reader allocate gigabytes.
+    """
     buffer = _as_buffer(data)
+    if _is_arrow_file(buffer):
+        raise CorruptSnapshotError("this is an Arrow IPC file (a stored data file?), not an Arrow IPC stream")
     source = pa.BufferReader(buffer)
     reader = _open_reader(source)
     try:
@@ -277,6 +284,7 @@ def read_snapshot(data: Bytesish | pa.NativeFile) -> Snapshot:
         raise CorruptSnapshotError(f"stream schema is damaged: {exc}") from None
     parse_format_version(metadata)
     is_changelog = _check_schema(schema)
+    check_stream(buffer, limits)  # the schema is read; nothing after it is decoded before every message passed
     try:
         table = reader.read_all()
         table.validate()  # buffer sizes; the offsets themselves are checked below

@@ -22,6 +22,7 @@ from snapshot import (
     read_snapshot,
 )
 from snapshot.errors import ChecksumMismatchError, CorruptDataError, CorruptSnapshotError, UnsupportedFormatVersionError
+from snapshot.messages import check_message
 
 KIND_BASE = "base"
 KIND_DELTA = "delta"
@@ -178,7 +179,9 @@ def decode_segment(entry: DataFile, segment: Segment, data: bytes | pa.Buffer) -
     if entry.encoding == ENCODING_FILE:
         schema = CHANGELOG_SCHEMA if entry.changelog else CANONICAL_SCHEMA
         try:
-            batch = ipc.read_record_batch(data if isinstance(data, pa.Buffer) else pa.py_buffer(data), schema)
+            buffer = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+            check_message(ipc.read_message(buffer), 0)  # a crafted file in the store must not decompress either
+            batch = ipc.read_record_batch(buffer, schema)
             batch.validate()
             check_rows(batch, entry.changelog)
         except (pa.ArrowException, OSError, ValueError, CorruptSnapshotError) as exc:

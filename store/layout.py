@@ -72,6 +72,11 @@ def pin_key(job: str, checkpoint_id: int, holder: str) -> str:
     return f"{JOBS}{job}/pins/{checkpoint_id}/{holder}.json"
 
 
+def pin_prefix(job: str) -> str:
+    """Listing prefix of every pin of a job."""
+    return f"{JOBS}{job}/pins/"
+
+
 def job_gc_marker_key(job: str) -> str:
     """Store key of the progress marker of a GC run scoped to one job."""
     return f"{JOBS}{job}/{JOB_GC_MARKER}"
@@ -83,8 +88,22 @@ def new_data_path() -> str:
 
 
 def savepoint_prefix(name: str) -> str:
-    """Store prefix of a savepoint folder (with trailing '/')."""
+    """Store prefix of a savepoint folder (with trailing '/'); NAME or JOB/NAME (the pool's RPC writes under its job)."""
     return f"{SAVEPOINTS}{name}/"
+
+
+# what a savepoint folder holds directly: a nested savepoint (JOB/NAME) may not take these names
+SAVEPOINT_ENTRIES = frozenset({DATA_DIR.rstrip("/"), SAVEPOINT_MANIFEST})
+
+
+def savepoint_of(key: str) -> str | None:
+    """The savepoint (NAME or JOB/NAME) an object under savepoints/ belongs to; None for a key outside any savepoint folder."""
+    parts = key.split("/")
+    if parts[0] + "/" != SAVEPOINTS or len(parts) < 3:
+        return None
+    if parts[2] in SAVEPOINT_ENTRIES or len(parts) == 3:
+        return parts[1]
+    return f"{parts[1]}/{parts[2]}"
 
 
 @dataclass(frozen=True)

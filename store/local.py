@@ -42,12 +42,20 @@ class FileStore(ObjectStore):
         except OSError as exc:
             raise UnavailableError(f"cannot create store directory {self.root}: {exc}") from None
         self.uri = f"file://{self.root}"
+        self._root_prefix = str(self.root).rstrip("/") + "/"
         self.counters = StoreCounters()
         self.coalesce_gap_bytes = config.coalesce_gap_bytes
         self._thread_lock = threading.Lock()
 
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
+
+    def _inside(self, key: str, path: Path) -> Path:
+        """``path``, unless a symlink under the root leads it elsewhere (a store never reads or writes outside its root)."""
+        real = os.path.realpath(path)
+        if real != str(path) and not real.startswith(self._root_prefix):
+            raise InvalidArgumentError(f"object {key} resolves outside the store (a symbolic link); refused")
+        return path
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -60,7 +68,7 @@ class FileStore(ObjectStore):
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
     def _open_read(self, key: str):
-        path = self._path(key)
+        path = self._inside(key, self._path(key))
         try:
             return open(path, "rb")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -95,7 +103,7 @@ class FileStore(ObjectStore):
 
     def head(self, key: str) -> ObjectInfo:
         """Size, modification time and etag; NotFoundError naming the key."""
-        path = self._path(key)
+        path = self._inside(key, self._path(key))
         self.counters.count("head")
         try:
             st = path.stat()
@@ -133,6 +141,7 @@ class FileStore(ObjectStore):
         return _etag(tmp.stat())
 
     def _ensure_parent(self, key: str, path: Path) -> None:
+        self._inside(key, path.parent)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
@@ -241,7 +250,7 @@ class FileStore(ObjectStore):
 
     def delete(self, key: str) -> None:
         """Remove the object; a missing key is fine."""
-        path = self._path(key)
+        path = self._inside(key, self._path(key))
         with self._locked():
             try:
                 path.unlink()

@@ -25,6 +25,7 @@ from client import RemoteReadBackend
 from client.backend import BackendConfig
 from client.errors import PermissionDeniedError, UnauthenticatedError, UnavailableError
 from client.pool_client import PoolClient, PoolClientConfig, RetryPolicy
+from pool.admission import AdmissionConfig
 from pool.auth import TokenTable, bearer_token
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange, PoolConfig
@@ -210,7 +211,7 @@ def _count_commits_in_flight(server) -> threading.Semaphore:
 
 
 def test_message_size_and_concurrent_call_limits(tmp_path):
-    config = PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, max_message_bytes=1 << 20, max_concurrent_rpcs=2, max_workers=4)
+    config = PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, max_message_bytes=1 << 20, admission=AdmissionConfig(max_calls=2), max_workers=4)
     server = PoolServer(config, store=FileStore(tmp_path / "store")).start()
     in_flight = _count_commits_in_flight(server)
     channel = grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", 64 << 20)])

@@ -455,7 +455,7 @@ def test_progress_bars_draw_on_request_and_keep_stdout_clean(snap, tmp_path: Pat
     assert result.exit_code == 0, result.output
     assert "writing parquet" in result.stderr and "reading" in result.stderr
     assert result.stdout.count("\n") == 1 and f"exported {table.num_rows} entries" in result.stdout
-    quiet = run(["state-export", "--from", str(path), "--out", str(out), "--no-progress"])
+    quiet = run(["state-export", "--from", str(path), "--out", str(out), "--no-progress", "--force"])
     assert quiet.exit_code == 0 and quiet.stderr == ""
 
 

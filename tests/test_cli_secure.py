@@ -67,3 +67,25 @@ def test_a_missing_ca_file_is_a_usage_error(secured, tmp_path) -> None:
     result = run(["--pool-ca-file", str(tmp_path / "none.pem"), "state-cat", f"{grpc_base}/{JOB}"])
     assert result.exit_code == 2
     assert "--pool-ca-file" in one_line_error(result)
+
+
+def test_client_certificates_open_a_mutual_tls_pool(file_store, pki, tmp_path) -> None:
+    table = generated_table(82, keyed_rows=40)
+    commit_checkpoints(file_store, JOB, [table])
+    config = PoolServerConfig(store_uri=file_store.uri, listen="127.0.0.1:0", grace_seconds=0.2, http_port=0, tls=pki.server_tls(client_ca=True),
+                              tokens=token_table())
+    server = PoolServer(config, file_store).start()
+    paths = pki.write(tmp_path / "pki")
+    pre = ["--pool-ca-file", str(paths["ca_pem"]), "--pool-token", "tok-a-ro", "--pool-timeout", "5"]
+    certs = ["--pool-cert-file", str(paths["client_cert_pem"]), "--pool-key-file", str(paths["client_key_pem"])]
+    try:
+        for src in (f"grpc://127.0.0.1:{server.port}/{JOB}", f"https://127.0.0.1:{server.http_port}/jobs/{JOB}/state.arrow"):
+            without = run([*pre, "state-cat", src, "--limit", "0"])
+            assert without.exit_code == 2, without.output  # the pool wants a client certificate
+            result = run([*pre, *certs, "state-cat", src, "--limit", "0", "-o", "json"])
+            assert result.exit_code == 0, result.output
+            assert json.loads(result.stdout)["total_rows"] == table.num_rows
+        half = run([*pre, "--pool-cert-file", str(paths["client_cert_pem"]), "state-cat", f"grpc://127.0.0.1:{server.port}/{JOB}"])
+        assert half.exit_code == 2 and "--pool-key-file" in one_line_error(half)
+    finally:
+        server.stop(0)

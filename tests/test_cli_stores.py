@@ -46,7 +46,7 @@ def test_cat_and_export_read_exactly_the_committed_state(two_checkpoints, s3_con
     pre = _args(store, s3_config)
     for cid, table in ((1, t1), (2, t2)):
         for suffix in ("", "/_metadata"):
-            out = tmp_path / f"c{cid}.arrow"
+            out = tmp_path / f"c{cid}{'m' if suffix else ''}.arrow"
             result = run([*pre, "state-export", "--from", _chk(store, cid, suffix), "--out", str(out)], env=s3_env)
             assert result.exit_code == 0, result.output
             back = s.read_snapshot(out.read_bytes())

@@ -41,11 +41,12 @@ def test_savepoint_scans_back_through_the_store_reader(served):
     store, client, models = served
     info = client.savepoint(JOB, "sp-5", checkpoint_id=5)
     assert isinstance(info, SavepointInfo)
-    assert (info.name, info.checkpoint_id, info.files, info.rows) == ("sp-5", 5, 1, len(models[5]))
-    assert info.location.endswith("/savepoints/sp-5") and info.bytes > 0
-    assert scan_savepoint(store, "sp-5") == models[5]
+    # written under the job's own prefix, and located relative to the store (whose URI is the operator's, not the caller's)
+    assert (info.name, info.checkpoint_id, info.files, info.rows) == (f"{JOB}/sp-5", 5, 1, len(models[5]))
+    assert info.location == f"savepoints/{JOB}/sp-5/" and info.bytes > 0
+    assert scan_savepoint(store, f"{JOB}/sp-5") == models[5]
     latest = client.savepoint(JOB, "sp-latest")  # 0: the newest complete checkpoint
-    assert latest.checkpoint_id == 8 and scan_savepoint(store, "sp-latest") == models[8]
+    assert latest.checkpoint_id == 8 and scan_savepoint(store, f"{JOB}/sp-latest") == models[8]
     before = sorted(o.key for o in store.list(""))
     with pytest.raises(ConflictError, match="sp-5"):
         client.savepoint(JOB, "sp-5", checkpoint_id=3)
@@ -54,7 +55,7 @@ def test_savepoint_scans_back_through_the_store_reader(served):
     with pytest.raises(NotFoundError, match="nope"):
         client.savepoint("nope", "x")
     assert sorted(o.key for o in store.list("")) == before  # refused requests wrote nothing
-    assert scan_savepoint(store, "sp-5") == models[5]
+    assert scan_savepoint(store, f"{JOB}/sp-5") == models[5]
 
 
 def test_a_pin_protects_a_checkpoint_from_retention_until_unpinned(served):

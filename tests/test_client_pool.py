@@ -435,3 +435,42 @@ def test_after_rewinding_a_newer_checkpoint_outside_the_lineage_is_never_read(po
     assert a.refresh_completion() == 3
     assert a.get_many(OP_COUNT, [k1, k2]) == [b"three", None]
     a.close(), b.close()
+
+
+def test_an_export_overlays_a_large_local_delta_itself_as_the_pool_would(pool_address: str, monkeypatch) -> None:  # noqa: F811
+    import client.backend as backend_mod
+
+    job, model = _job(), {}
+    backends = _four_subtasks_write(pool_address, job, "a", model)
+    for b in backends:
+        b.snapshot(1)
+    for b in backends:
+        b.refresh_completion()
+    b = backends[0]
+    lo, hi = b.key_groups
+    for key in [k for k in KEYS if lo <= k[0] <= hi][:5]:  # local changes since the checkpoint: puts and an erase
+        b.put(OP_COUNT, key, b"local")
+    b.erase(OP_SOURCE, OFFSET_KEY)
+    by_pool = b.export_arrow_snapshot()
+    monkeypatch.setattr(backend_mod, "INLINE_SCAN_DELTA_BYTES", 0)  # every delta now "too large" to send
+    by_backend = b.export_arrow_snapshot()
+    assert snapshot.read_snapshot(by_backend).table.equals(snapshot.read_snapshot(by_pool).table)
+    assert snapshot.read_snapshot(by_backend).state_versions == snapshot.read_snapshot(by_pool).state_versions
+    for x in backends:
+        x.close()
+
+
+def test_multi_get_batches_respect_both_bounds() -> None:
+    from client.pool_client import _batches
+
+    import random
+
+    rng = random.Random(5)
+    for _ in range(200):
+        sizes = [rng.choice([0, 1, 7, 100, 5000]) for _ in range(rng.randrange(0, 60))]
+        max_items, max_bytes = rng.randrange(1, 10), rng.randrange(1, 12000)
+        runs = list(_batches(sizes, max_items, max_bytes))
+        assert [i for lo, hi in runs for i in range(lo, hi)] == list(range(len(sizes)))  # every key once, in order
+        for lo, hi in runs:
+            assert 0 < hi - lo <= max_items or (not sizes and (lo, hi) == (0, 0))
+            assert sum(sizes[lo:hi]) <= max_bytes or hi - lo == 1  # one key larger than the bound goes alone

@@ -137,8 +137,14 @@ def restore_cmd(new_job: str, savepoint: str | None, source_job: str | None, che
     source = _open(source_store, s3_endpoint_url, s3_region) if source_store else None
     with _progress("copying data files", progress) as step:
         m = life.restore_job(new_job, savepoint=savepoint, job=source_job, checkpoint_id=checkpoint, source_store=source, progress=step)
-    origin = f"savepoint {savepoint!r}" if savepoint else f"checkpoint {checkpoint or 'latest'} of {source_job}"
-    doc = {"job": m.job, "checkpoint_id": m.checkpoint_id, "files": len(m.files), "bytes": m.total_bytes, "source": origin}
+    if savepoint:  # say whose state it is: a savepoint's name alone does not tell which job it came from
+        _, src, _ = life.open_savepoint(savepoint, source)
+        origin = f"savepoint {savepoint!r} of job {src.job} (checkpoint {src.checkpoint_id})"
+        source_job, checkpoint = src.job, src.checkpoint_id
+    else:
+        origin = f"checkpoint {checkpoint or 'latest'} of {source_job}"
+    doc = {"job": m.job, "checkpoint_id": m.checkpoint_id, "files": len(m.files), "bytes": m.total_bytes, "source": origin,
+           "source_job": source_job}
     _emit(output, doc, f"restored {origin} as checkpoint 1 of {m.job}: {len(m.files)} file(s), {_mb(m.total_bytes)}")
 
 

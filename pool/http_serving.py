@@ -1,0 +1,54 @@
+"""One way to serve HTTP(S) from the pool: threads per connection, TLS handshakes off the accept loop, socket timeouts."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from snapshot.errors import UnavailableError
+
+log = logging.getLogger("clink.pool.http")
+
+# seconds an idle or stalled connection (a TLS handshake included) may hold its thread
+SOCKET_TIMEOUT_S = 60.0
+
+
+class PoolHttpServer(ThreadingHTTPServer):
+    """A threading HTTP server whose connection errors are one log line, not a traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: tuple) -> None:
+        # a failed TLS handshake or a dropped connection is the client's problem: one log line, no traceback
+        log.info("connection from %s failed: %s", client_address[0], sys.exc_info()[1])
+
+
+def serve_http(host: str, port: int, handler: type[BaseHTTPRequestHandler], tls=None, name: str = "pool-http",
+               server_class: type[PoolHttpServer] = PoolHttpServer,
+               configure: Callable[[PoolHttpServer], None] | None = None) -> tuple[PoolHttpServer, threading.Thread]:
+    """Serve ``handler`` on host:port (0: a free port) from a background thread; HTTPS with a pool.auth.TlsConfig.
+
+    The TLS handshake runs lazily in each connection's own thread under the handler's socket timeout, so a client that
+    connects and sends nothing never stalls the accept loop (and with it every other client).
+    """
+    try:
+        server = server_class((host, port), handler)
+    except OSError as exc:
+        raise UnavailableError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}") from None
+    if tls is not None:
+        server.socket = tls.ssl_context().wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+    if configure is not None:  # before the first request can arrive
+        configure(server)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def stop_http(server: PoolHttpServer, thread: threading.Thread) -> None:
+    """Stop accepting, close the socket and join the serving thread."""
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
