@@ -204,6 +204,8 @@ class PoolClient:
             )
             self._channel = grpc.secure_channel(address, creds, options=options)
         else:
+            if self.config.token:  # a proxy from the environment would read the token of a plaintext channel
+                options.append(("grpc.enable_http_proxy", 0))
             self._channel = grpc.insecure_channel(address, options=options)
         self._stub = pb_grpc.RemotePoolStub(self._channel)
         self._metadata = (("authorization", f"Bearer {self.config.token}"),) if self.config.token else None

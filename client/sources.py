@@ -366,7 +366,10 @@ def _opener(config: SourceConfig, context):
                 redirected.unredirected_hdrs.pop("Authorization", None)
             return redirected
 
-    return urllib.request.build_opener(Redirects(), urllib.request.HTTPSHandler(context=context))
+    handlers = [Redirects(), urllib.request.HTTPSHandler(context=context)]
+    if config.pool_token:  # a proxy from the environment would see a plaintext request's token (https is tunnelled)
+        handlers.append(urllib.request.ProxyHandler({"https": p} if (p := urllib.request.getproxies().get("https")) else {}))
+    return urllib.request.build_opener(*handlers)
 
 
 def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:

@@ -33,6 +33,8 @@ class AdmissionConfig:
     max_call_s: float = 3600.0
     open_lane_threads: int = 4
     reflection_threads: int = 2
+    # Health.Watch streams open at once (each costs memory for its life, though no thread); more get RESOURCE_EXHAUSTED
+    max_health_watches: int = 256
 
     def __post_init__(self) -> None:
         for name in ("max_calls", "open_lane_threads", "reflection_threads"):
@@ -47,9 +49,11 @@ class AdmissionConfig:
 class Ticket:
     """One admitted call: its lane, who it counts against, and whether it is waiting on its client (and since when)."""
 
-    __slots__ = ("lane", "holder", "admission", "started", "waiting_since", "call", "released")
+    __slots__ = ("lane", "holder", "admission", "started", "waiting_since", "call", "released", "on_release", "watched")
 
-    def __init__(self, lane: str, holder: str | None, admission: Admission | None) -> None:
+    def __init__(self, lane: str, holder: str | None, admission: Admission | None, on_release: Callable[[], None] | None = None) -> None:
+        self.on_release = on_release
+        self.watched: Callable | None = None  # a Health.Watch behavior counted until its stream ends
         self.lane = lane
         self.holder = holder
         self.admission = admission
@@ -71,6 +75,8 @@ class Ticket:
             self.released = True
             if self.admission is not None:
                 self.admission.release(self)
+            if self.on_release is not None:
+                self.on_release()
 
 
 def tag(behavior: Callable, ticket: Ticket) -> Callable:
@@ -94,7 +100,38 @@ class Admission:
         self._lock = threading.Lock()
         self._calls = 0
         self._by_holder: dict[str, int] = {}
+        self._watches = 0
         self.refused = 0
+
+    def watch(self, behavior: Callable) -> Ticket:
+        """A ticket for a Health.Watch stream, which counts until the stream ends; OverloadedError past max_health_watches."""
+        with self._lock:
+            if self._watches >= self.config.max_health_watches:
+                self.refused += 1
+                raise OverloadedError(f"{self._watches} health watches are open, the pool's limit; poll Health.Check instead")
+            self._watches += 1
+        done = threading.Event()
+
+        def close() -> None:
+            if not done.is_set():
+                done.set()
+                with self._lock:
+                    self._watches -= 1
+
+        ticket = Ticket(OPEN_LANE, None, None)
+        ran = []
+
+        def watched(request: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
+            ran.append(True)
+            if not context.add_callback(close):  # the stream already ended
+                close()
+            return behavior(request, context, *args, **kwargs)
+
+        # a call cancelled before its behavior ran never registers the callback: its ticket's release closes it
+        ticket.on_release = lambda: None if ran else close()
+        watched.experimental_non_blocking = getattr(behavior, "experimental_non_blocking", False)  # type: ignore[attr-defined]
+        ticket.watched = watched
+        return ticket
 
     def admit(self, lane: str, holder: str | None) -> Ticket:
         """A ticket for a call of ``holder`` (a token's name, None for open calls); OverloadedError past a limit."""

@@ -286,6 +286,9 @@ class PoolCore:
                 snap = read_snapshot(delta)
             except (CorruptSnapshotError, UnsupportedFormatVersionError) as exc:
                 raise InvalidArgumentError(f"scan delta is not a valid snapshot stream: {exc}") from None
+        if len(op_ids) > self.config.max_scan_op_ids:
+            raise LimitExceededError(f"a scan filtered to {len(op_ids)} op_ids; the pool takes at most {self.config.max_scan_op_ids} "
+                                     "(scan without the filter and filter the stream instead)")
         for op in op_ids:
             if isinstance(op, bool) or not isinstance(op, int) or not 0 <= op <= _U64:
                 raise InvalidArgumentError(f"op_id {op!r} must be a uint64")

@@ -17,6 +17,7 @@ log = logging.getLogger("clink.pool")
 
 REFLECTION_PREFIX = "/grpc.reflection."
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+HEALTH_WATCH = HEALTH_PREFIX + "Watch"
 
 
 class RpcObserver(Protocol):
@@ -121,14 +122,23 @@ class StatusInterceptor(grpc.ServerInterceptor):
         method = full.rsplit("/", 1)[-1]
         lane = OPEN_LANE if full.startswith(HEALTH_PREFIX) or full in self.open_methods else _lane(full, self.open_methods)
         if lane == OPEN_LANE:
+            if full == HEALTH_WATCH and self.admission is not None and handler.unary_stream is not None:
+                try:
+                    ticket = self.admission.watch(handler.unary_stream)
+                except ClinkError as exc:
+                    return self._refusal(method, exc)
+                return handler._replace(unary_stream=tag(ticket.watched, ticket))
             return _tagged(handler, Ticket(OPEN_LANE, None, None))
         try:
             grant = self.admit(handler_call_details) if self.admit is not None else None
-            ticket = self.admission.admit(lane, getattr(grant, "name", None)) if self.admission is not None else None
+            holder = f"{grant.name} ({grant.identity})" if grant is not None else None  # names may repeat; identities do not
+            ticket = self.admission.admit(lane, holder) if self.admission is not None else None
         except ClinkError as exc:
             return self._refusal(method, exc)
         if handler.request_deserializer is not None:
             handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
+        if ticket is not None:  # a message has arrived: decoding it is the pool's time, not the client's
+            handler = handler._replace(request_deserializer=_arrived(handler.request_deserializer, ticket))
         if self.observer is not None:
             # bytes are counted where grpc hands them over (free), not with ByteSize() walking every message again
             handler = handler._replace(
@@ -223,6 +233,14 @@ def _decoded(message: Any, method: str) -> Any:
             raise message.error
         raise InvalidArgumentError(f"{method}: the request is not a valid protobuf message ({message.reason})")
     return message
+
+
+def _arrived(deserialize: Callable[[bytes], Any] | None, ticket: Ticket) -> Callable[[bytes], Any]:
+    def deserialize_arrived(raw: bytes) -> Any:
+        ticket.working()
+        return deserialize(raw) if deserialize is not None else raw
+
+    return deserialize_arrived
 
 
 def _counting_deserializer(deserialize: Callable[[bytes], Any] | None, method: str, observer: RpcObserver) -> Callable[[bytes], Any]:

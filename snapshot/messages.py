@@ -15,7 +15,7 @@ from snapshot.errors import CorruptSnapshotError, LimitExceededError
 # Message.header_type values of the Arrow IPC flatbuffer schema (Message.fbs)
 _HEADER_SCHEMA, _HEADER_DICTIONARY, _HEADER_RECORD_BATCH = 1, 2, 3
 # field slots: Message(version, header_type, header, bodyLength, custom_metadata); RecordBatch(length, nodes, buffers, compression)
-_MESSAGE_HEADER_TYPE, _MESSAGE_HEADER = 1, 2
+_MESSAGE_HEADER_TYPE, _MESSAGE_HEADER, _MESSAGE_CUSTOM_METADATA = 1, 2, 4
 _BATCH_LENGTH, _BATCH_COMPRESSION = 0, 3
 # every row of either schema holds at least an 8-byte op_id: a batch declaring more rows than body_bytes / 8 lies
 MIN_ROW_BYTES = 8
@@ -57,7 +57,12 @@ def _field(buf: memoryview, table: tuple[int, int, int], slot: int) -> int:
 
 
 def inspect_message(metadata: pa.Buffer) -> tuple[int, int | None, bool]:
-    """(header type, declared rows of a record batch or None, whether it is compressed) from a message's flatbuffer metadata."""
+    """(header type, declared rows of a record batch or None, whether it is compressed) from a message's flatbuffer metadata.
+
+    Compressed means either way Arrow knows: the RecordBatch's compression field, or (Arrow 0.17's experimental form, still
+    decoded for V4 messages) an 'ARROW:experimental_compression' key in the message's custom metadata; any custom metadata
+    on a record batch message counts, since the format never writes it.
+    """
     buf = memoryview(metadata)
     try:
         (root,) = struct.unpack_from("<I", buf, 0)
@@ -73,7 +78,7 @@ def inspect_message(metadata: pa.Buffer) -> tuple[int, int | None, bool]:
         batch = _table(buf, header_at + rel)
         length_at = _field(buf, batch, _BATCH_LENGTH)
         rows = struct.unpack_from("<q", buf, length_at)[0] if length_at else 0
-        return kind, rows, bool(_field(buf, batch, _BATCH_COMPRESSION))
+        return kind, rows, bool(_field(buf, batch, _BATCH_COMPRESSION) or _field(buf, message, _MESSAGE_CUSTOM_METADATA))
     except (struct.error, IndexError):
         raise CorruptSnapshotError("an IPC message's metadata is damaged (it points outside itself)") from None
 

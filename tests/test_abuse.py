@@ -176,6 +176,28 @@ def test_tokenless_health_watch_streams_do_not_take_workers(pool):
         channel.close()
 
 
+def test_health_watches_are_capped_and_counted_until_they_end(pool):
+    channel = pool.channel()
+    stub = health_pb2_grpc.HealthStub(channel)
+    try:
+        for _ in range(2):  # twice: the first round's watches must have been counted out when they ended
+            watches = [stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=30) for _ in range(300)]
+            codes = []
+            for w in watches:
+                try:
+                    next(w)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as exc:
+                    codes.append(exc.code())
+            assert codes.count(grpc.StatusCode.OK) == 256 and codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 44
+            for w in watches:
+                w.cancel()
+            time.sleep(0.5)
+        assert stub.Check(health_pb2.HealthCheckRequest(), timeout=HONEST_DEADLINE_S).status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        channel.close()
+
+
 def test_tokenless_requests_are_refused_before_they_are_read(pool):
     channel = pool.channel()
     stub = pb_grpc.RemotePoolStub(channel)

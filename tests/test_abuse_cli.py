@@ -182,3 +182,21 @@ def test_the_file_store_does_not_follow_symlinks_out_of_its_root(tmp_path):
         with pytest.raises(InvalidArgumentError, match="outside the store"):
             attempt()
     assert (outside / "secret").read_bytes() == b"not yours" and not (outside / "new").exists()
+
+
+def test_a_proxy_from_the_environment_never_sees_a_plaintext_token(stream, monkeypatch):
+    proxy_seen: list[dict] = []
+
+    def proxy_answer(handler: BaseHTTPRequestHandler) -> None:
+        proxy_seen.append({k.lower(): v for k, v in handler.headers.items()})
+        handler.send_response(502)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    with http_server(proxy_answer) as (proxy, _), http_server(serve_bytes(stream)) as (port, seen):
+        monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy}")
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        result = run(["--pool-token", TOKEN, "state-cat", f"http://127.0.0.1:{port}/state.arrow", "--limit", "0"])
+    assert result.exit_code == 0, result.output
+    assert proxy_seen == [] and seen[0]["authorization"] == f"Bearer {TOKEN}"

@@ -461,9 +461,9 @@ def test_an_export_overlays_a_large_local_delta_itself_as_the_pool_would(pool_ad
 
 
 def test_multi_get_batches_respect_both_bounds() -> None:
-    from client.pool_client import _batches
-
     import random
+
+    from client.pool_client import _batches
 
     rng = random.Random(5)
     for _ in range(200):

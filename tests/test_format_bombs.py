@@ -90,3 +90,40 @@ def test_the_streaming_reader_checks_each_message_and_reads_lazily() -> None:
     source = pa.BufferReader(_stream([plain, plain], "zstd"))
     with pytest.raises(CorruptSnapshotError, match="compressed"):
         list(open_checked_stream(source))
+
+
+def _experimental_compression_bomb(decoded_bytes: int) -> bytes:
+    """Arrow 0.17's form: a V4 batch without the compression field, marked compressed in the message's custom metadata."""
+    import struct
+
+    cols = [pa.array([7], pa.uint64()), pa.array([b"\x05bomb"]), pa.array([b"\x00" * decoded_bytes])]
+    sink = pa.BufferOutputStream()
+    opts = ipc.IpcWriteOptions(compression="zstd", metadata_version=ipc.MetadataVersion.V4)
+    with ipc.new_stream(sink, CANONICAL_SCHEMA.with_metadata(write_snapshot_metadata()), options=opts) as w:
+        w.write_batch(pa.record_batch(cols, schema=CANONICAL_SCHEMA), custom_metadata={"ARROW:experimental_compression": "zstd"})
+    data = bytearray(sink.getvalue().to_pybytes())
+    pos = 0
+    while True:  # in each record batch message, drop the RecordBatch.compression field from its vtable
+        (length,) = struct.unpack_from("<i", data, pos + 4)
+        if length == 0:
+            return bytes(data)
+        buf = memoryview(data)[pos + 8 : pos + 8 + length]
+        (root,) = struct.unpack_from("<I", buf, 0)
+        vt = root - struct.unpack_from("<i", buf, root)[0]
+        at = struct.unpack_from("<H", buf, vt + 10)[0] if struct.unpack_from("<H", buf, vt)[0] > 10 else 0
+        body = struct.unpack_from("<q", buf, root + at)[0] if at else 0  # a schema message has no body
+        if buf[root + struct.unpack_from("<H", buf, vt + 6)[0]] == 3:
+            header = root + struct.unpack_from("<H", buf, vt + 8)[0]
+            batch = header + struct.unpack_from("<I", buf, header)[0]
+            struct.pack_into("<H", buf, batch - struct.unpack_from("<i", buf, batch)[0] + 4 + 2 * 3, 0)
+        del buf
+        pos += 8 + length + body
+
+
+def test_arrow_017_experimental_compression_is_refused_too() -> None:
+    bomb = _experimental_compression_bomb(64 << 20)
+    assert len(bomb) < 64 << 10
+    before = pa.total_allocated_bytes()
+    with pytest.raises(CorruptSnapshotError, match="compressed"):
+        read_snapshot(bomb)
+    assert pa.total_allocated_bytes() - before < 1 << 20
