@@ -146,6 +146,9 @@ def cli() -> None:
 @click.option("--max-multiget-keys", type=click.IntRange(1), default=100_000, show_default=True, help="Keys one MultiGet may ask for.")
 @click.option("--max-multiget-key-mb", type=click.IntRange(1), default=8, show_default=True, help="Key bytes one MultiGet may carry, in MiB.")
 @click.option("--max-commit-mb", type=click.IntRange(1), default=1024, show_default=True, help="Delta bytes one CommitCheckpoint may carry, in MiB.")
+@click.option("--request-memory-mb", type=click.IntRange(1), default=1024, show_default=True,
+              help="Working memory of the commits and scan overlays in flight, in all, in MiB (a commit counts 4x its delta); "
+                   "past it they wait up to 30 s, then get RESOURCE_EXHAUSTED.")
 @click.option("--max-http-exports", type=click.IntRange(1), default=4, show_default=True,
               help="HTTP exports served at once; more get 503 with Retry-After.")
 @click.option("--max-concurrent-streams", type=click.IntRange(1), default=None, help="HTTP/2 streams per client connection. Default: grpc's.")
@@ -162,7 +165,7 @@ def cli() -> None:
 def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: str, http_port: int | None, s3_endpoint_url: str | None, s3_region: str | None,
           create_bucket: bool, cache_mb: int, max_workers: int, max_message_mb: int, max_request_mb: int, grace: float, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, token_file: str | None, max_concurrent_rpcs: int, max_rpcs_per_token: int, call_idle_s: float,
-          call_max_s: float, max_multiget_keys: int, max_multiget_key_mb: int, max_commit_mb: int, max_http_exports: int,
+          call_max_s: float, max_multiget_keys: int, max_multiget_key_mb: int, max_commit_mb: int, request_memory_mb: int, max_http_exports: int,
           max_concurrent_streams: int | None,
           gc_min_age_s: float | None, compact_max_layers: int | None, compact_max_delta_mb: int | None, log_level: str, output: str) -> None:
     """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
@@ -198,7 +201,7 @@ def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: s
         grace_seconds=grace,
         store=store_config,
         pool=PoolConfig(cache_bytes=cache_mb << 20, max_multiget_keys=max_multiget_keys, max_multiget_key_bytes=max_multiget_key_mb << 20,
-                        max_commit_bytes=max_commit_mb << 20),
+                        max_commit_bytes=max_commit_mb << 20, request_memory_bytes=request_memory_mb << 20),
         max_http_exports=max_http_exports,
     )
     try:

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pool.budget import COMMIT_WORKING_FACTOR, Holding, MemoryBudget
 from pool.domain import MAX_CHECKPOINT_ID, CheckpointInfo, CommitRequest, CommitResult, KeyGroupRange, PoolConfig
 from pool.protocol import CommitProtocol, incomplete_info, info_of, remove_checkpoint
 from pool.streaming import stream_chunks
@@ -85,6 +86,32 @@ def _as_changelog(table: pa.Table, is_changelog: bool) -> pa.Table:
     return pa.table({"row_kind": kinds, "op_id": table.column("op_id"), "key_bytes": table.column("key_bytes"), "value_bytes": table.column("value_bytes")})
 
 
+class _released:  # noqa: N801 - used like the generator function it stands for
+    """The chunks; the reservation goes when the stream ends, however it ends (read out, closed, or dropped unread)."""
+
+    def __init__(self, chunks: Iterator[bytes], budget: MemoryBudget, held: Holding) -> None:
+        self._chunks, self._budget, self._held = chunks, budget, held
+
+    def __iter__(self) -> _released:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._chunks)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._budget.release(held.total)
+            getattr(self._chunks, "close", lambda: None)()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class PoolCore:
     """Commits, reads and lists checkpoints; stateless apart from caches, so several may share one store."""
 
@@ -92,6 +119,7 @@ class PoolCore:
         self.store = store
         self.config = config = config or PoolConfig()
         self.cache = SegmentCache(config.cache_bytes)
+        self.budget = MemoryBudget(config.request_memory_bytes)
         self.fencing = Fencing(store, config.max_cas_attempts, clock=clock)
         self.protocol = CommitProtocol(store, self.fencing, self.reader, config, clock)
         self._readers: dict[str, CheckpointReader] = {}
@@ -190,9 +218,9 @@ class PoolCore:
             ops[op_id] = uid or ops.get(op_id, "")
         return job, tuple(sorted(ops.items())), versions
 
-    def _read_delta(self, request: CommitRequest, chunks: Iterable[bytes]) -> pa.Table:
+    def _read_delta(self, request: CommitRequest, chunks: Iterable[bytes], held: Holding) -> pa.Table:
         """The resolved changelog of the delta (one row per key), checked against the writer's range."""
-        data = b"".join(self._bounded_chunks(request, chunks))
+        data = b"".join(self._bounded_chunks(request, chunks, held))
         if not data:
             return _as_changelog(pa.table({"op_id": pa.array([], pa.uint64()), "key_bytes": pa.array([], pa.binary()), "value_bytes": pa.array([], pa.binary())}), False)
         try:
@@ -215,23 +243,26 @@ class PoolCore:
                 )
         return table
 
-    def _bounded_chunks(self, request: CommitRequest, chunks: Iterable[bytes]) -> Iterator[bytes]:
-        """The delta's chunks, refused with LimitExceededError as soon as they pass max_commit_bytes."""
+    def _bounded_chunks(self, request: CommitRequest, chunks: Iterable[bytes], held: Holding) -> Iterator[bytes]:
+        """The delta's chunks, refused as soon as they pass max_commit_bytes; each reserves its working memory first."""
         limit, total = self.config.max_commit_bytes, 0
+        what = f"the commit of checkpoint {request.checkpoint_id}"
         for chunk in chunks:
             total += len(chunk)
             if total > limit:
                 raise LimitExceededError(f"the delta of checkpoint {request.checkpoint_id} holds more than {limit} bytes, "
                                          f"the pool's limit per commit (--max-commit-mb {limit >> 20}); nothing was written")
+            held.add(len(chunk) * COMMIT_WORKING_FACTOR, what)
             yield bytes(chunk)
 
     def commit_checkpoint(self, request: CommitRequest, delta_chunks: Iterable[bytes]) -> CommitResult:
         """Stage one range of checkpoint N and complete it once the valid parts tile 0..127 (pool/protocol.py)."""
         job, operators, versions = self._validate_request(request)
         self.fencing.check(job, request.key_groups, request.epoch)  # before the body is read: a fenced writer uploads nothing
-        delta = self._read_delta(request, delta_chunks)
-        return self.protocol.commit(job, request.checkpoint_id, request.parent_id, request.key_groups, request.epoch, delta, operators, versions,
-                                    retry=request.attempt > 0)
+        with self.budget.holding() as held:  # what every commit and scan overlay in flight holds, in all, is bounded
+            delta = self._read_delta(request, delta_chunks, held)
+            return self.protocol.commit(job, request.checkpoint_id, request.parent_id, request.key_groups, request.epoch, delta, operators,
+                                        versions, retry=request.attempt > 0)
 
     # ---- reads ------------------------------------------------------------------------------------------------
 
@@ -319,9 +350,21 @@ class PoolCore:
         The chunks are cut straight from the merged table's buffers (one chunk copied at a time, no second full-size
         stream); ``frame`` prefixes each chunk with a header in the same copy (the servicer's ScanChunk field header).
         """
-        table, manifest = self.scan_table(job, checkpoint_id, key_groups, op_ids, delta, manifest_etag)
+        if not delta:
+            table, manifest = self.scan_table(job, checkpoint_id, key_groups, op_ids, delta, manifest_etag)
+            writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
+            return stream_chunks(writer, table, max(1, self.config.scan_chunk_bytes), frame=frame)
+        # an overlay builds a table of its own, held while the caller reads the stream: it counts against the budget
+        held = Holding(self.budget)
+        try:
+            held.add(len(delta) * COMMIT_WORKING_FACTOR, f"a scan of job {job} with an overlay")
+            table, manifest = self.scan_table(job, checkpoint_id, key_groups, op_ids, delta, manifest_etag)
+            held.add(table.nbytes, f"a scan of job {job} with an overlay")
+        except BaseException:
+            self.budget.release(held.total)
+            raise
         writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
-        return stream_chunks(writer, table, max(1, self.config.scan_chunk_bytes), frame=frame)
+        return _released(stream_chunks(writer, table, max(1, self.config.scan_chunk_bytes), frame=frame), self.budget, held)
 
     # ---- listing and deletion ---------------------------------------------------------------------------------
 

@@ -27,6 +27,9 @@ class PoolConfig:
     max_multiget_keys: int = 100_000
     max_multiget_key_bytes: int = 8 << 20
     max_commit_bytes: int = 1 << 30
+    # estimated working memory of the commits and scan overlays in flight, in all (pool/budget.py); past it they wait, then
+    # get RESOURCE_EXHAUSTED
+    request_memory_bytes: int = 1 << 30
     max_scan_op_ids: int = 1024  # operators one scan may filter to (each distinct filter is cached apart)
 
     def __post_init__(self) -> None:

@@ -16,10 +16,37 @@ log = logging.getLogger("clink.pool.http")
 SOCKET_TIMEOUT_S = 60.0
 
 
+# connections served at once per port: past it a new one gets a 503 and is closed (each holds a thread while open)
+MAX_CONNECTIONS = 64
+
+
 class PoolHttpServer(ThreadingHTTPServer):
-    """A threading HTTP server whose connection errors are one log line, not a traceback."""
+    """A threading HTTP server with a bounded number of connections, whose connection errors are one log line, not a traceback."""
 
     daemon_threads = True
+    max_connections = MAX_CONNECTIONS
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._connections = threading.BoundedSemaphore(self.max_connections)
+
+    def process_request(self, request, client_address) -> None:  # noqa: ANN001 - the stdlib's signature
+        if not self._connections.acquire(blocking=False):
+            log.info("refusing a connection from %s: %d connections open", client_address[0], self.max_connections)
+            try:
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            except OSError:
+                pass  # a TLS socket not yet shaken hands, or a client gone: closing is the answer
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:  # noqa: ANN001 - the stdlib's signature
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()
 
     def handle_error(self, request: object, client_address: tuple) -> None:
         # a failed TLS handshake or a dropped connection is the client's problem: one log line, no traceback

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # Latency buckets from 0.5 ms (a cached Get) to 60 s (a large commit or scan).
@@ -20,6 +20,12 @@ CORE_COUNTERS: dict[str, tuple[str, str]] = {
     "cache_misses": ("clink_pool_cache_misses", "Data-file cache misses"),
     "bytes_read": ("clink_pool_store_read_bytes", "Bytes read from the object store"),
     "bytes_written": ("clink_pool_store_written_bytes", "Bytes written to the object store"),
+}
+
+# Levels the server exposes (name in its stats mapping -> metric name and help), read at scrape time like the counters.
+CORE_GAUGES: dict[str, tuple[str, str]] = {
+    "request_memory_reserved": ("clink_pool_request_memory_bytes", "Working memory reserved by commits and scan overlays in flight"),
+    "calls_in_flight": ("clink_pool_calls_in_flight", "RemotePool calls admitted and not yet finished"),
 }
 
 
@@ -34,6 +40,9 @@ class _CoreStatsCollector(Collector):
         for key, (name, help_text) in CORE_COUNTERS.items():
             if key in values:
                 yield CounterMetricFamily(name, help_text, value=float(values[key]))
+        for key, (name, help_text) in CORE_GAUGES.items():
+            if key in values:
+                yield GaugeMetricFamily(name, help_text, value=float(values[key]))
 
 
 class PoolMetrics:

@@ -104,10 +104,14 @@ class PoolServer:
         if callable(stats):
             stats = stats()
         if stats is None:
-            return {}
+            stats = {}
         if not isinstance(stats, dict):
             stats = {k: getattr(stats, k) for k in dir(stats) if not k.startswith("_") and isinstance(getattr(stats, k), int | float)}
-        return stats
+        budget = getattr(self.core, "budget", None)
+        extra = {"calls_in_flight": self.admission.in_flight()}
+        if budget is not None:
+            extra["request_memory_reserved"] = budget.reserved
+        return {**stats, **extra}
 
     @property
     def address(self) -> str:

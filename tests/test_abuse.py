@@ -54,7 +54,8 @@ class Pool:
         self.store = tmp / "store"
         cmd = [sys.executable, "-m", "pool.cli", "serve", "--store", f"file://{self.store}", "--listen", "127.0.0.1:0", "--output", "json",
                "--tls-cert", str(paths["server_cert_pem"]), "--tls-key", str(paths["server_key_pem"]), "--token-file", str(tokens),
-               "--http-port", "0", "--metrics-port", "0", "--call-idle-s", str(IDLE_S), "--log-level", "warning"]
+               "--http-port", "0", "--metrics-port", "0", "--call-idle-s", str(IDLE_S), "--request-memory-mb", "256",
+               "--log-level", "warning"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         ready = json.loads(self.proc.stdout.readline())
@@ -79,6 +80,19 @@ class Pool:
             creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
         return grpc.secure_channel(self.address, creds, options=[("grpc.max_send_message_length", 256 << 20),
                                                                  ("grpc.max_receive_message_length", 256 << 20)])
+
+    def gauge(self, name: str) -> float:
+        import ssl
+
+        ctx = ssl.create_default_context(cadata=self.pki.ca_pem.decode())
+        deadline = time.monotonic() + 10
+        while True:  # released when grpc finishes each cancelled call: give it a moment
+            with urllib.request.urlopen(f"https://127.0.0.1:{self.metrics_port}/metrics", context=ctx, timeout=5) as resp:
+                text = resp.read().decode()
+            value = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+            if value == 0 or time.monotonic() > deadline:
+                return value
+            time.sleep(0.2)
 
     def rss(self) -> int:
         return rss_bytes(self.proc.pid)
@@ -516,3 +530,87 @@ def test_a_fenced_writer_streaming_a_large_delta_is_refused_before_its_body_is_r
     finally:
         ch.close()
     assert len(sent) < 200, "the pool read the whole body of a fenced commit"
+
+
+def _changelog_blob(n: int, value_bytes: int, tag: bytes) -> bytes:
+    return write_snapshot(pa.table({"row_kind": pa.array([1] * n, pa.int8()), "op_id": pa.array([9] * n, pa.uint64()),
+                                    "key_bytes": pa.array([b"\x07" + tag + i.to_bytes(6, "big") for i in range(n)]),
+                                    "value_bytes": pa.array([os.urandom(value_bytes)] * n)}, schema=CHANGELOG_SCHEMA), changelog=True)
+
+
+def test_concurrent_large_commits_share_one_memory_budget(pool):
+    blob = _changelog_blob(200_000, 200, b"big")  # ~43 MB each; the pool's budget (256 MiB) holds one at a time (4x)
+    stub = pb_grpc.RemotePoolStub(ch := pool.channel("tok-b-rw"))
+    leases = [stub.AcquireWriter(pb.AcquireWriterRequest(job="job-b", key_groups=pb.KeyGroupRange(lo=32 * i, hi=32 * i + 31)), timeout=10).epoch
+              for i in range(4)]
+    codes: list[grpc.StatusCode] = []
+
+    def chunks(i: int) -> Iterator[pb.CommitChunk]:
+        yield pb.CommitChunk(header=pb.CommitHeader(job="job-b", checkpoint_id=20, key_groups=pb.KeyGroupRange(lo=32 * i, hi=32 * i + 31),
+                                                    epoch=leases[i]))
+        for at in range(0, len(blob), 1 << 20):
+            yield pb.CommitChunk(delta=blob[at : at + (1 << 20)])
+
+    def run() -> None:
+        calls = [stub.CommitCheckpoint.future(chunks(i), timeout=120) for i in range(4)]
+        for c in calls:
+            codes.append(c.exception(120).code() if c.exception(120) else grpc.StatusCode.OK)
+
+    try:
+        attack(pool, 450, run)
+    finally:
+        ch.close()
+    # the keys are outside each writer's range, so each commit is refused, but only after its body was read and decoded
+    assert set(codes) <= {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+
+
+def test_stalled_overlay_scans_hold_no_more_than_the_budget(pool):
+    overlay = _changelog_blob(60_000, 200, b"ovl")  # ~13 MB, under the request limit
+    stub = pb_grpc.RemotePoolStub(ch := pool.channel("tok-a-ro"))
+    codes: list[grpc.StatusCode] = []
+
+    def run() -> None:
+        calls = [stub.ScanCheckpoint(pb.ScanCheckpointRequest(job="job-a", delta=overlay), timeout=60) for _ in range(8)]  # never read
+        time.sleep(IDLE_S * 3)
+        for call in calls:
+            try:
+                for _ in call:
+                    pass
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+
+    try:
+        attack(pool, 500, run)  # the budget (256 MiB of estimated working memory) plus the request messages held
+    finally:
+        ch.close()
+    assert grpc.StatusCode.DEADLINE_EXCEEDED in codes or grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
+    assert pool.gauge("clink_pool_request_memory_bytes") == 0  # every reservation given back once the streams ended
+    assert pool.gauge("clink_pool_calls_in_flight") <= 1  # (the scrape itself is not a call; a late honest Get may be)
+
+
+def test_after_the_attacks_nothing_is_held(pool):
+    """Whatever ran before on this pool (refused, cancelled, failed or finished), no admission or memory is still counted."""
+    assert pool.gauge("clink_pool_calls_in_flight") == 0
+    assert pool.gauge("clink_pool_request_memory_bytes") == 0
+    assert pool.honest.get("job-a", 0, 7, b"\x05honest") == b"yes"
+
+
+def test_idle_http_connections_are_capped_and_the_export_keeps_serving(pool):
+    import socket
+    import ssl
+
+    idle = []
+    try:
+        for _ in range(80):  # more than the 64 connections a port serves at once
+            idle.append(socket.create_connection(("127.0.0.1", pool.http_port), timeout=5))
+        time.sleep(0.5)
+        threads = int(next(line.split()[1] for line in Path(f"/proc/{pool.proc.pid}/status").read_text().splitlines() if line.startswith("Threads:")))
+        assert threads < 64 + 60, threads  # bounded: the capped connections, the pool's own lanes and grpc's threads
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.5)
+    ctx = ssl.create_default_context(cadata=pool.pki.ca_pem.decode())
+    with urllib.request.urlopen(f"https://127.0.0.1:{pool.http_port}/healthz", context=ctx, timeout=5) as resp:
+        assert resp.read() == b"ok\n"
