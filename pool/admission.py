@@ -14,6 +14,9 @@ from snapshot.errors import InvalidArgumentError, OverloadedError
 
 log = logging.getLogger("clink.pool")
 
+# request bytes that count as progress of a stream: a client trickling empty or tiny messages is idle all the same
+PROGRESS_BYTES = 64 << 10
+
 OPEN_LANE = "open"  # health checks and refusals: answered at once, never behind authorised work
 REFLECTION_LANE = "reflection"
 WORK_LANE = "work"
@@ -49,7 +52,7 @@ class AdmissionConfig:
 class Ticket:
     """One admitted call: its lane, who it counts against, and whether it is waiting on its client (and since when)."""
 
-    __slots__ = ("lane", "holder", "admission", "started", "waiting_since", "call", "released", "on_release", "watched")
+    __slots__ = ("lane", "holder", "admission", "started", "waiting_since", "call", "released", "on_release", "watched", "received", "mark")
 
     def __init__(self, lane: str, holder: str | None, admission: Admission | None, on_release: Callable[[], None] | None = None) -> None:
         self.on_release = on_release
@@ -61,6 +64,8 @@ class Ticket:
         self.waiting_since: float | None = None  # set when a worker takes the call (time in the queue is not the client's)
         self.call: Any = None  # grpc's call object, to cancel it
         self.released = False
+        self.received = 0  # request bytes so far, and at the last progress: the idle clock restarts per PROGRESS_BYTES
+        self.mark = 0
 
     def waiting(self) -> None:
         """The call now waits on its client (reading its next message, or sending it a response)."""
@@ -69,6 +74,18 @@ class Ticket:
     def working(self) -> None:
         """The call works on its own (store reads, encoding): no idle deadline runs."""
         self.waiting_since = None
+
+    def awaiting(self) -> None:
+        """The call waits for its client's next message; a wait already running goes on (small messages are no progress)."""
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
+
+    def arrived(self, nbytes: int) -> None:
+        """A request message arrived: progress (the idle clock stops) once PROGRESS_BYTES came since the last progress."""
+        self.received += nbytes
+        if self.received - self.mark >= PROGRESS_BYTES or not self.mark:
+            self.mark = self.received or 1
+            self.waiting_since = None
 
     def release(self) -> None:
         if not self.released:

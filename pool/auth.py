@@ -304,8 +304,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
             inner_us = handler.unary_stream
 
             def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                check(getattr(request, "job", None) if mode else None)
-                yield from inner_us(request, context)
+                reset = CALLER.set(check(getattr(request, "job", None) if mode else None))
+                try:
+                    yield from inner_us(request, context)
+                finally:
+                    CALLER.reset(reset)
 
             return handler._replace(unary_stream=unary_stream)
         if handler.stream_unary is not None:
@@ -317,8 +320,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
                     return inner_su(request_iterator, context)
                 tokens.grant_for(token)  # no token: refused before a single chunk is read
                 job, replay = _header_job(request_iterator)
-                check(job)
-                return inner_su(replay, context)
+                reset = CALLER.set(check(job))
+                try:
+                    return inner_su(replay, context)
+                finally:
+                    CALLER.reset(reset)
 
             return handler._replace(stream_unary=stream_unary)
         if handler.stream_stream is not None:

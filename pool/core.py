@@ -89,8 +89,8 @@ def _as_changelog(table: pa.Table, is_changelog: bool) -> pa.Table:
 class _released:  # noqa: N801 - used like the generator function it stands for
     """The chunks; the reservation goes when the stream ends, however it ends (read out, closed, or dropped unread)."""
 
-    def __init__(self, chunks: Iterator[bytes], budget: MemoryBudget, held: Holding) -> None:
-        self._chunks, self._budget, self._held = chunks, budget, held
+    def __init__(self, chunks: Iterator[bytes], held: Holding) -> None:
+        self._chunks, self._held = chunks, held
 
     def __iter__(self) -> _released:
         return self
@@ -105,7 +105,7 @@ class _released:  # noqa: N801 - used like the generator function it stands for
     def close(self) -> None:
         held, self._held = self._held, None
         if held is not None:
-            self._budget.release(held.total)
+            held.release()
             getattr(self._chunks, "close", lambda: None)()
 
     def __del__(self) -> None:
@@ -255,11 +255,11 @@ class PoolCore:
             held.add(len(chunk) * COMMIT_WORKING_FACTOR, what)
             yield bytes(chunk)
 
-    def commit_checkpoint(self, request: CommitRequest, delta_chunks: Iterable[bytes]) -> CommitResult:
+    def commit_checkpoint(self, request: CommitRequest, delta_chunks: Iterable[bytes], holder: str | None = None) -> CommitResult:
         """Stage one range of checkpoint N and complete it once the valid parts tile 0..127 (pool/protocol.py)."""
         job, operators, versions = self._validate_request(request)
         self.fencing.check(job, request.key_groups, request.epoch)  # before the body is read: a fenced writer uploads nothing
-        with self.budget.holding() as held:  # what every commit and scan overlay in flight holds, in all, is bounded
+        with self.budget.holding(holder) as held:  # holder: the caller's token, whose share of the budget this counts against  # what every commit and scan overlay in flight holds, in all, is bounded
             delta = self._read_delta(request, delta_chunks, held)
             return self.protocol.commit(job, request.checkpoint_id, request.parent_id, request.key_groups, request.epoch, delta, operators,
                                         versions, retry=request.attempt > 0)
@@ -344,6 +344,7 @@ class PoolCore:
         delta: bytes | None,
         frame: Callable[[int], bytes] | None = None,
         manifest_etag: str | None = None,
+        holder: str | None = None,
     ) -> Iterator[bytes]:
         """One canonical snapshot stream (one RecordBatch) in ~scan_chunk_bytes chunks; errors raise before the first chunk.
 
@@ -355,16 +356,16 @@ class PoolCore:
             writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
             return stream_chunks(writer, table, max(1, self.config.scan_chunk_bytes), frame=frame)
         # an overlay builds a table of its own, held while the caller reads the stream: it counts against the budget
-        held = Holding(self.budget)
+        held = Holding(self.budget, holder)
         try:
             held.add(len(delta) * COMMIT_WORKING_FACTOR, f"a scan of job {job} with an overlay")
             table, manifest = self.scan_table(job, checkpoint_id, key_groups, op_ids, delta, manifest_etag)
             held.add(table.nbytes, f"a scan of job {job} with an overlay")
         except BaseException:
-            self.budget.release(held.total)
+            held.release()
             raise
         writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
-        return _released(stream_chunks(writer, table, max(1, self.config.scan_chunk_bytes), frame=frame), self.budget, held)
+        return _released(stream_chunks(writer, table, max(1, self.config.scan_chunk_bytes), frame=frame), held)
 
     # ---- listing and deletion ---------------------------------------------------------------------------------
 

@@ -7,12 +7,11 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange
-from pool.http_serving import SOCKET_TIMEOUT_S, PoolHttpServer, serve_http, stop_http
+from pool.http_serving import SOCKET_TIMEOUT_S, PoolHttpServer, PoolRequestHandler, serve_http, stop_http
 from snapshot.errors import (
     ClinkError,
     ConflictError,
@@ -124,7 +123,7 @@ class _ExportServer(PoolHttpServer):
     redact = staticmethod(str)  # takes the store's location out of messages sent to clients
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(PoolRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "clink-pool-http"
     timeout = SOCKET_TIMEOUT_S

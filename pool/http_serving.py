@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -12,12 +14,78 @@ from snapshot.errors import UnavailableError
 
 log = logging.getLogger("clink.pool.http")
 
-# seconds an idle or stalled connection (a TLS handshake included) may hold its thread
+# seconds an idle or stalled connection (a TLS handshake included) may hold its thread between two reads
 SOCKET_TIMEOUT_S = 60.0
+
 
 
 # connections served at once per port: past it a new one gets a 503 and is closed (each holds a thread while open)
 MAX_CONNECTIONS = 64
+# seconds a connection gets to finish its TLS handshake and send a request's line and headers (trickling bytes is no help)
+HEADER_DEADLINE_S = 10.0
+
+
+class PoolRequestHandler(BaseHTTPRequestHandler):
+    """A request handler whose connection is cut when a request's handshake and headers take longer than HEADER_DEADLINE_S."""
+
+    timeout = SOCKET_TIMEOUT_S
+    header_deadline_s = HEADER_DEADLINE_S
+
+    def handle_one_request(self) -> None:
+        deadlines = getattr(self.server, "header_deadlines", None)
+        if deadlines is not None:
+            deadlines.arm(self, self.header_deadline_s)
+        try:
+            super().handle_one_request()
+        finally:
+            if deadlines is not None:
+                deadlines.disarm(self)
+
+    def parse_request(self) -> bool:
+        deadlines = getattr(self.server, "header_deadlines", None)
+        if deadlines is not None:
+            deadlines.disarm(self)  # the headers are in: what follows is under the socket timeout
+        return super().parse_request()
+
+    def cut(self) -> None:
+        """Shut the connection down (its thread's read fails at once)."""
+        log.info("cutting a connection from %s: no request within %.0f s", self.client_address[0], self.header_deadline_s)
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class HeaderDeadlines:
+    """One thread cutting every connection whose request has not arrived in time (not a timer thread per connection)."""
+
+    def __init__(self) -> None:
+        self._due: dict[PoolRequestHandler, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pool-http-deadlines", daemon=True)
+        self._thread.start()
+
+    def arm(self, handler: PoolRequestHandler, seconds: float) -> None:
+        with self._lock:
+            self._due[handler] = time.monotonic() + seconds
+
+    def disarm(self, handler: PoolRequestHandler) -> None:
+        with self._lock:
+            self._due.pop(handler, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            now = time.monotonic()
+            with self._lock:
+                late = [h for h, due in self._due.items() if due < now]
+                for h in late:
+                    del self._due[h]
+            for h in late:
+                h.cut()
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class PoolHttpServer(ThreadingHTTPServer):
@@ -29,6 +97,7 @@ class PoolHttpServer(ThreadingHTTPServer):
     def server_activate(self) -> None:
         super().server_activate()
         self._connections = threading.BoundedSemaphore(self.max_connections)
+        self.header_deadlines = HeaderDeadlines()
 
     def process_request(self, request, client_address) -> None:  # noqa: ANN001 - the stdlib's signature
         if not self._connections.acquire(blocking=False):
@@ -76,6 +145,7 @@ def serve_http(host: str, port: int, handler: type[BaseHTTPRequestHandler], tls=
 
 def stop_http(server: PoolHttpServer, thread: threading.Thread) -> None:
     """Stop accepting, close the socket and join the serving thread."""
+    server.header_deadlines.stop()
     server.shutdown()
     server.server_close()
     thread.join(timeout=10)

@@ -50,6 +50,10 @@ class _Call:
         if self.ticket is not None:
             self.ticket.waiting()
 
+    def awaiting(self) -> None:
+        if self.ticket is not None:
+            self.ticket.awaiting()
+
     def working(self) -> None:
         if self.ticket is not None:
             self.ticket.working()
@@ -237,7 +241,7 @@ def _decoded(message: Any, method: str) -> Any:
 
 def _arrived(deserialize: Callable[[bytes], Any] | None, ticket: Ticket) -> Callable[[bytes], Any]:
     def deserialize_arrived(raw: bytes) -> Any:
-        ticket.working()
+        ticket.arrived(len(raw))
         return deserialize(raw) if deserialize is not None else raw
 
     return deserialize_arrived
@@ -268,10 +272,10 @@ def _decoded_one(message: Any, call: _Call) -> Any:
 def _decoded_stream(request_iterator: Iterator[Any], call: _Call) -> Iterator[Any]:
     """The stream's messages, each checked to have parsed; the wait for each counts against the idle limit."""
     while True:
-        call.waiting()
+        call.awaiting()  # the clock runs on until enough bytes arrive (Ticket.arrived), not per message
         message = next(request_iterator, _END)
-        call.working()
         if message is _END:
+            call.working()
             return
         yield _decoded(message, call.method)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -81,13 +80,12 @@ class PoolMetrics:
 
     def serve_http(self, host: str, port: int, tls=None) -> int:
         """Start the /metrics HTTP endpoint (HTTPS with a pool.auth.TlsConfig); returns the bound port (port 0 picks a free one)."""
-        from pool.http_serving import SOCKET_TIMEOUT_S, serve_http
+        from pool.http_serving import PoolRequestHandler, serve_http
 
         registry = self.registry
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(PoolRequestHandler):  # the TLS handshake runs in this connection's thread, under its deadlines
             protocol_version = "HTTP/1.1"
-            timeout = SOCKET_TIMEOUT_S  # the TLS handshake too: it runs in this connection's thread
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's signature
                 pass

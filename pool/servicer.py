@@ -50,6 +50,12 @@ def _info(info: CheckpointInfo) -> pb.CheckpointInfo:
     )
 
 
+def _holder() -> str | None:
+    """Whom the call's work counts against (the token's identity; None when the pool runs without tokens)."""
+    grant = caller()
+    return grant.identity if grant is not None else None
+
+
 def _commit_request(header: pb.CommitHeader) -> CommitRequest:
     return CommitRequest(
         job=header.job,
@@ -93,7 +99,7 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         if first is None or first.WhichOneof("part") != "header":
             got = "an empty stream" if first is None else f"a {first.WhichOneof('part') or 'empty'} chunk"
             raise InvalidArgumentError(f"CommitCheckpoint: the first message must be the header, got {got}")
-        result = self.core.commit_checkpoint(_commit_request(first.header), _delta_chunks(request_iterator))
+        result = self.core.commit_checkpoint(_commit_request(first.header), _delta_chunks(request_iterator), holder=_holder())
         return pb.CommitCheckpointResponse(checkpoint=_info(result.checkpoint), bytes_written=result.bytes_written, repeated=result.repeated)
 
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
@@ -116,7 +122,7 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         key_groups = _range(request.key_groups) if request.HasField("key_groups") else None
         # each chunk already encoded as a ScanChunk message: upb would otherwise copy every MiB twice (see add_to_server)
         chunks = self.core.scan(request.job, request.checkpoint_id, key_groups, list(request.op_ids), request.delta or None,
-                                frame=length_delimited_field_1, manifest_etag=request.manifest_etag or None)
+                                frame=length_delimited_field_1, manifest_etag=request.manifest_etag or None, holder=_holder())
         yield from chunks
 
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:

@@ -202,9 +202,9 @@ def _count_commits_in_flight(server) -> threading.Semaphore:
     started = threading.Semaphore(0)
     commit = server.core.commit_checkpoint
 
-    def observed(request, chunks):
+    def observed(request, chunks, **kwargs):
         started.release()
-        return commit(request, chunks)
+        return commit(request, chunks, **kwargs)
 
     server.core.commit_checkpoint = observed
     return started

@@ -52,3 +52,42 @@ def test_an_empty_holding_gives_up_after_its_wait() -> None:
         with pytest.raises(OverloadedError), budget.holding() as b:
             b.add(50, "b")
         assert budget.reserved == 90
+
+
+def test_one_token_cannot_take_more_than_its_share_while_another_holds_some() -> None:
+    budget = MemoryBudget(100, wait_s=0.2)
+    with budget.holding("victim") as victim, budget.holding("hog") as hog:
+        victim.add(10, "victim")
+        hog.add(40, "hog")
+        with pytest.raises(OverloadedError):
+            hog.add(20, "hog")  # 60 > half of 100 while the victim holds some
+        with budget.holding("hog") as second:
+            with pytest.raises(OverloadedError):
+                second.add(20, "hog")  # the share counts every request of the token
+        victim.add(40, "victim")  # the other tenant still finds room
+    assert budget.reserved == 0
+
+
+def test_at_most_a_few_requests_wait_for_room() -> None:
+    budget = MemoryBudget(100, wait_s=2, max_waiters=2)
+    first = budget.holding()
+    first.__enter__().add(100, "full")
+    waiting, refused = [], []
+
+    def wait_for_room() -> None:
+        try:
+            with budget.holding() as h:
+                h.add(50, "waiter")
+                waiting.append(1)
+        except OverloadedError:
+            refused.append(1)
+
+    threads = [threading.Thread(target=wait_for_room) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    assert budget.waiters == 2 and len(refused) == 2  # two wait (each holds a worker), two are refused at once
+    first.__exit__(None, None, None)
+    for t in threads:
+        t.join(5)
+    assert len(waiting) == 2 and budget.reserved == 0

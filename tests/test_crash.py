@@ -187,7 +187,7 @@ def pool_server(tmp_path):
     server.chunks = 0
     commit = server.core.commit_checkpoint
 
-    def observed(request, chunks):
+    def observed(request, chunks, **kwargs):
         def watch():
             for seen, chunk in enumerate(chunks, 1):
                 server.chunks += 1
@@ -195,7 +195,7 @@ def pool_server(tmp_path):
                     server.streaming.set()
                 yield chunk
 
-        return commit(request, watch())
+        return commit(request, watch(), **kwargs)
 
     server.core.commit_checkpoint = observed
     try:
