@@ -226,8 +226,14 @@ class S3Store(ObjectStore):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix, Delimiter="/"):
                 self.counters.count("list")
                 for common in page.get("CommonPrefixes", []):
-                    names.append(common["Prefix"][len(self.prefix) + len(prefix) :].rstrip("/"))
-        return sorted(names)
+                    names.append(common["Prefix"])
+            # a filer-backed gateway (SeaweedFS) keeps a folder whose last object was deleted: keep those holding one
+            held = []
+            for full in names:
+                self.counters.count("list")
+                if self._client.list_objects_v2(Bucket=self.bucket, Prefix=full, MaxKeys=1).get("KeyCount", 0):
+                    held.append(full[len(self.prefix) + len(prefix) :].rstrip("/"))
+        return sorted(held)
 
     def delete(self, key: str) -> None:
         """DELETE; a missing key is fine."""

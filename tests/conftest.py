@@ -22,6 +22,8 @@ import pytest
 from store.local import FileStore
 from store.objects import ObjectStore, StoreConfig
 
+pytest_plugins = ["tests.seaweed_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
