@@ -10,8 +10,8 @@ import time
 import pyarrow as pa
 
 import snapshot as s
-from client.projections import decode_keys, key_groups_of, parquet_projection, render_bytes
-from client.state_diff import diff_tables
+from clink.tools.projections import decode_keys, key_groups_of, parquet_projection, render_bytes
+from clink.tools.state_diff import diff_tables
 
 
 def _table(n: int, seed: int) -> pa.Table:

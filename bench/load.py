@@ -140,7 +140,7 @@ def _start_pool(store: str, tmp: Path) -> tuple[subprocess.Popen, str, object | 
         uri = "s3://load/pool"
     else:
         uri = store if store.startswith(("file://", "s3://")) else f"file://{tmp / 'store'}"
-    cmd = [sys.executable, "-m", "pool.cli", "serve", "--store", uri, "--listen", "127.0.0.1:0", "--output", "json", "--log-level", "warning",
+    cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", uri, "--listen", "127.0.0.1:0", "--output", "json", "--log-level", "warning",
            "--max-workers", "32"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()

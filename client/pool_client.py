@@ -121,7 +121,7 @@ class SavepointInfo:
     files: int
     bytes: int
     rows: int
-    # store URI of the savepoint folder (open it with client.stored or `clink`)
+    # store URI of the savepoint folder (open it with clink.tools.stored or `clink`)
     location: str
 
 

@@ -103,7 +103,7 @@ def commit_checkpoints(store, job: str, tables: list[pa.Table], versions: s.Stat
 
 def run(args: list[str], **kwargs):
     """Invoke the clink group in process; the group's own handler maps errors to exit codes."""
-    from client.cli import cli
+    from clink.cli.state import cli
 
     return CliRunner().invoke(cli, args, catch_exceptions=False, **kwargs)
 

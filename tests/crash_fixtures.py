@@ -25,10 +25,10 @@ Model = dict[bytes, bytes]
 
 
 class PoolProcess:
-    """`python -m pool.cli serve` on a store URI, killable with SIGKILL."""
+    """`python -m clink.cli.pool serve` on a store URI, killable with SIGKILL."""
 
     def __init__(self, store_uri: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
-        cmd = [sys.executable, "-m", "pool.cli", "serve", "--store", store_uri, "--listen", "127.0.0.1:0", "--output", "json",
+        cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", store_uri, "--listen", "127.0.0.1:0", "--output", "json",
                "--log-level", "warning", "--grace", "0", *extra]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})

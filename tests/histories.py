@@ -39,7 +39,7 @@ class ServePool:
     """One `clink-pool serve` subprocess on a file:// store; its JSON ready line gives the bound address."""
 
     def __init__(self, store_dir: Path, log: Path, extra: tuple[str, ...] = ()) -> None:
-        cmd = [sys.executable, "-m", "pool.cli", "serve", "--store", f"file://{store_dir}", "--listen", "127.0.0.1:0",
+        cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", f"file://{store_dir}", "--listen", "127.0.0.1:0",
                "--output", "json", "--grace", "1", "--gc-min-age-s", "0", *extra]
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=self._log)

@@ -52,7 +52,7 @@ class Pool:
         tokens = tmp / "tokens.txt"
         tokens.write_text(TOKENS_TEXT)
         self.store = tmp / "store"
-        cmd = [sys.executable, "-m", "pool.cli", "serve", "--store", f"file://{self.store}", "--listen", "127.0.0.1:0", "--output", "json",
+        cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", f"file://{self.store}", "--listen", "127.0.0.1:0", "--output", "json",
                "--tls-cert", str(paths["server_cert_pem"]), "--tls-key", str(paths["server_key_pem"]), "--token-file", str(tokens),
                "--http-port", "0", "--metrics-port", "0", "--call-idle-s", str(IDLE_S), "--request-memory-mb", "256",
                "--log-level", "warning"]

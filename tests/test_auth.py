@@ -283,7 +283,7 @@ def test_clink_pool_serve_with_tls_and_token_flags(tmp_path, pki):
     paths = pki.write(tmp_path / "pki")
     tokens = tmp_path / "tokens.txt"
     tokens.write_text(TOKENS_TEXT)
-    cmd = [sys.executable, "-m", "pool.cli", "serve", "--store", f"file://{tmp_path / 'store'}", "--listen", "127.0.0.1:0", "--output", "json",
+    cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", f"file://{tmp_path / 'store'}", "--listen", "127.0.0.1:0", "--output", "json",
            "--tls-cert", str(paths["server_cert_pem"]), "--tls-key", str(paths["server_key_pem"]), "--token-file", str(tokens),
            "--max-concurrent-rpcs", "8", "--max-concurrent-streams", "4", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -381,7 +381,7 @@ def test_http_export_url_names_https_when_it_serves_tls(tmp_path, pki):
 
 def test_clink_pool_serve_ready_line_names_https_urls_under_tls(tmp_path, pki):
     paths = pki.write(tmp_path / "pki")
-    cmd = [sys.executable, "-m", "pool.cli", "serve", "--store", f"file://{tmp_path / 'store'}", "--listen", "127.0.0.1:0",
+    cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", f"file://{tmp_path / 'store'}", "--listen", "127.0.0.1:0",
            "--metrics-port", "0", "--http-port", "0", "--tls-cert", str(paths["server_cert_pem"]), "--tls-key", str(paths["server_key_pem"]),
            "--log-level", "warning", "--grace", "0"]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

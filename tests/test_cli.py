@@ -323,7 +323,7 @@ def test_failed_export_leaves_nothing_behind(tmp_path: Path) -> None:
 def test_export_iceberg_reads_back_equal_to_the_snapshot(snap, tmp_path: Path) -> None:
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from client.projections import unsigned_op_ids
+    from clink.tools.projections import unsigned_op_ids
 
     path, table = snap
     catalog_uri = f"sqlite:///{tmp_path / 'catalog.db'}"
@@ -351,7 +351,7 @@ def test_export_iceberg_reads_back_equal_to_the_snapshot(snap, tmp_path: Path) -
     back = ice.scan().to_arrow()
     assert back.num_rows == table.num_rows
     back = back.set_column(0, "op_id", unsigned_op_ids(back.column("op_id")))
-    from client.projections import parquet_projection
+    from clink.tools.projections import parquet_projection
 
     want = parquet_projection(table)
     key = ["op_id", "slot", "user_key"]
@@ -414,10 +414,10 @@ def test_check_missing_source_is_exit_2(tmp_path: Path) -> None:
 
 
 def test_demo_without_client_demo_says_so_and_exits_1(monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "client.demo", None)
+    monkeypatch.setitem(sys.modules, "clink.cli.demo", None)
     result = run(["demo"])
     assert result.exit_code == 1
-    assert "client.demo is missing" in result.stderr
+    assert "clink.cli.demo is missing" in result.stderr
 
 
 def _console_script() -> list[str]:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import snapshot as s
-from client.state_diff import diff_tables
+from clink.tools.state_diff import diff_tables
 
 keys = st.one_of(
     st.builds(s.encode_keyed_key, st.sampled_from(["a", "b", "ключ"]), st.binary(max_size=6)),

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import snapshot as s
-from client import projections as p
+from clink.tools import projections as p
 from tests.cli_fixtures import VECTORS, generated_table
 
 slot_names = st.text(st.characters(blacklist_characters="|\n", blacklist_categories=("Cs",)), min_size=0, max_size=6).filter(

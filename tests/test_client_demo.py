@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from client.demo import run_demo
+from clink.cli.demo import run_demo
 
 
 def test_demo_runs_end_to_end_against_a_pool_subprocess(tmp_path) -> None:

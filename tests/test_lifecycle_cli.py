@@ -8,7 +8,7 @@ import random
 import pytest
 from click.testing import CliRunner
 
-from pool.cli import cli
+from clink.cli.pool import cli
 from pool.core import PoolCore
 from pool.lifecycle import Lifecycle
 from store.local import FileStore

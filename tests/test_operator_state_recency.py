@@ -48,7 +48,7 @@ def views(store, job: str, cid: int) -> list[tuple[bool, bytes]]:
         out.append((found, value))
         found_many, values, _ = core.multi_get(job, cid, [OP, OP], [K, keyed("x")])
         out.append((found_many[0], values[0]))
-    reader = CheckpointReader(store, job)  # what client/stored.py (the CLI) opens
+    reader = CheckpointReader(store, job)  # what clink/tools/stored.py (the CLI) opens
     table = reader.read_manifest_table(reader.manifest(cid))
     d = dict(zip(zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True), table.column("value_bytes").to_pylist(), strict=True))
     out.append(((OP, K) in d, d.get((OP, K), b"")))

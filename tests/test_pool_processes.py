@@ -26,12 +26,12 @@ RANGES = ((0, 31), (32, 63), (64, 95), (96, 127))
 
 
 class ServeProcess:
-    """One `python -m pool.cli serve` subprocess; its ready line (JSON) gives the bound address."""
+    """One `python -m clink.cli.pool serve` subprocess; its ready line (JSON) gives the bound address."""
 
     def __init__(self, store_uri: str, endpoint: str, log_path: Path) -> None:
         env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", PYTHONUNBUFFERED="1")
         env.pop("AWS_PROFILE", None)
-        cmd = [sys.executable, "-m", "pool.cli", "serve", "--store", store_uri, "--listen", "127.0.0.1:0",
+        cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", store_uri, "--listen", "127.0.0.1:0",
                "--s3-endpoint-url", endpoint, "--s3-region", "us-east-1", "--output", "json", "--grace", "2", "--max-workers", "8"]
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115  # closed in stop()
@@ -190,7 +190,7 @@ def test_a_writer_fenced_through_the_other_process(two_pools: tuple[RawPool, Raw
     ],
 )
 def test_serve_fails_with_one_clear_line_and_a_trustworthy_exit_code(args: list[str], code: int, needle: str, tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "pool.cli", "serve", "--listen", "127.0.0.1:0", *[a.replace("{tmp}", str(tmp_path)) for a in args]]
+    cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--listen", "127.0.0.1:0", *[a.replace("{tmp}", str(tmp_path)) for a in args]]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == code, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("clink-pool: error:")]
@@ -199,7 +199,7 @@ def test_serve_fails_with_one_clear_line_and_a_trustworthy_exit_code(args: list[
 
 
 def test_serve_help_teaches() -> None:
-    done = subprocess.run([sys.executable, "-m", "pool.cli", "serve", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run([sys.executable, "-m", "clink.cli.pool", "serve", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0
     for flag in ("--store", "--listen", "--metrics-port", "--s3-endpoint-url", "--s3-region", "SIGTERM"):
         assert flag in done.stdout

@@ -9,10 +9,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-import pool.cli
+import clink.cli.pool
 import pool.server
 from client.pool_client import PoolClient, PoolClientConfig
-from pool.cli import cli, lifecycle_config
+from clink.cli.pool import cli, lifecycle_config
 from pool.core import PoolCore
 from pool.lifecycle import LifecycleConfig
 from snapshot.errors import UnavailableError
@@ -32,9 +32,9 @@ def _serve_config(monkeypatch, *flags: str):
             raise UnavailableError("captured the config; not serving")
 
     monkeypatch.setattr(pool.server, "PoolServer", CapturingServer)
-    monkeypatch.setattr(pool.cli, "setup_logging", lambda level, output: None)  # keep pytest's log handlers
+    monkeypatch.setattr(clink.cli.pool, "setup_logging", lambda level, output: None)  # keep pytest's log handlers
     result = CliRunner().invoke(cli, ["serve", "--store", "file://unused", *flags])
-    assert result.exit_code == pool.cli.EXIT_UNAVAILABLE, result.output
+    assert result.exit_code == clink.cli.pool.EXIT_UNAVAILABLE, result.output
     assert len(seen) == 1
     return seen[0]
 
@@ -55,7 +55,7 @@ def test_serve_refuses_out_of_range_lifecycle_flags_as_usage_errors():
 
 
 def test_serve_help_names_the_lifecycle_defaults_it_really_uses():
-    done = subprocess.run([sys.executable, "-m", "pool.cli", "serve", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run([sys.executable, "-m", "clink.cli.pool", "serve", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
     text = " ".join(done.stdout.split())
     defaults = LifecycleConfig()
     assert "--gc-min-age-s FLOAT RANGE CollectGarbage" in text

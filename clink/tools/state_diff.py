@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from client.projections import decode_keys, render_bytes
+from clink.tools.projections import decode_keys, render_bytes
 from snapshot import composite_keys
 
 CHANGES = ("added", "removed", "changed")

@@ -195,7 +195,7 @@ def cli(
       clink state-diff chk-8.snap chk-9.snap
       clink check-savepoint file:///data/savepoints/v2 --expect-uid orders-agg
     """
-    from client.sources import SourceConfig
+    from clink.tools.sources import SourceConfig
 
     def read_pem(path: str | None, flag: str) -> bytes | None:
         if not path:
@@ -245,13 +245,13 @@ def _output_option(fn):
 
 
 def _selection(key_groups: str | None, ops: tuple[str, ...]):
-    from client.sources import Selection, parse_key_groups, parse_op
+    from clink.tools.sources import Selection, parse_key_groups, parse_op
 
     return Selection(parse_key_groups(key_groups) if key_groups else None, tuple(parse_op(o) for o in ops))
 
 
 def _load(ctx: click.Context, spec: str, key_groups: str | None = None, ops: tuple[str, ...] = (), progress: bool | None = None):
-    from client.sources import load_source
+    from clink.tools.sources import load_source
 
     selection = _selection(key_groups, ops)
     with _progress(progress) as step:
@@ -308,7 +308,7 @@ UTF-8, else as 0x-hex; values likewise, cut to --width characters in text output
 @click.pass_context
 def state_cat(ctx, src, limit, slots, width, key_groups, ops, output):
     """Show the entries of SRC as a readable table: operator, key group, slot, user key, value size and preview."""
-    from client.projections import decode_keys, preview, render_bytes
+    from clink.tools.projections import decode_keys, preview, render_bytes
 
     source = _load(ctx, src, key_groups, ops)
     table = source.table.select(["op_id", "key_bytes", "value_bytes"])
@@ -411,7 +411,7 @@ other value bytes changed. Exit code: 0 equal, 1 different, 2 error.
 @click.pass_context
 def state_diff(ctx, a, b, limit, key_groups, ops, output):
     """Compare two states: added, removed and changed entries per operator and slot."""
-    from client.state_diff import diff_tables, rendered_entries
+    from clink.tools.state_diff import diff_tables, rendered_entries
 
     source_a = _load(ctx, a, key_groups, ops)
     source_b = _load(ctx, b, key_groups, ops)
@@ -504,7 +504,7 @@ def state_query(ctx, src, sql, max_rows, key_groups, ops, output):
     """Run DuckDB SQL over SRC's query projection (table name: state)."""
     import duckdb
 
-    from client.projections import query_projection
+    from clink.tools.projections import query_projection
 
     source = _load(ctx, src, key_groups, ops)
     state = query_projection(source.table)
@@ -579,8 +579,8 @@ Exit code: 0 every check passed, 1 a check failed, 2 usage error or source not f
 @click.pass_context
 def check_savepoint(ctx, src, expect_ops, expect_uids, output):
     """Check that SRC can be restored: format, versions, key layout, files, checksums and operators."""
-    from client.savepoint_check import FAIL, PASS, WARN, check_source
-    from client.sources import parse_op
+    from clink.tools.savepoint_check import FAIL, PASS, WARN, check_source
+    from clink.tools.sources import parse_op
 
     ops = [parse_op(o) for o in expect_ops]
     with _progress(None) as step:
@@ -676,7 +676,7 @@ def state_export(
     if dst == "-" and fmt != "arrow":
         raise click.UsageError("only --format arrow can be written to stdout")
     selection = _selection(key_groups, ops)
-    from client.sources import load_source
+    from clink.tools.sources import load_source
 
     if dst and dst != "-":
         _check_out(dst, force)  # before the source is read: a refusal costs nothing
@@ -777,7 +777,7 @@ def _export_arrow(source, dst: str, step, force: bool = False) -> int | None:
 def _export_parquet(source, dst: str, row_group_rows: int, step, query: bool = False, force: bool = False) -> int:
     import pyarrow.parquet as pq
 
-    from client.projections import parquet_projection, projection_metadata, query_projection
+    from clink.tools.projections import parquet_projection, projection_metadata, query_projection
 
     rows = source.table.num_rows
     if query:
@@ -798,7 +798,7 @@ def _export_parquet(source, dst: str, row_group_rows: int, step, query: bool = F
 
 
 def _export_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if_exists, step) -> tuple[int | None, str]:
-    from client.iceberg_export import write_iceberg
+    from clink.tools.iceberg_export import write_iceberg
 
     advance = step("writing iceberg table", total=1)
     location = write_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if_exists)
@@ -814,9 +814,9 @@ def _export_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if
 def demo(workdir):
     """Run the end-to-end demo: a pool on loopback, a job writing state, checkpoints, restore and export."""
     try:
-        from client.demo import run_demo
+        from clink.cli.demo import run_demo
     except ImportError:
-        click.echo("clink: the demo is not available in this build (client.demo is missing)", err=True)
+        click.echo("clink: the demo is not available in this build (clink.cli.demo is missing)", err=True)
         return EXIT_VERDICT
     code = run_demo(workdir=workdir, echo=click.echo)
     return int(code or 0)

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from pool.cli import fail
+from clink.cli.pool import fail
 from snapshot.errors import ClinkError, InvalidArgumentError
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)$")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow.compute as pc
 
-from client.sources import Selection, SourceConfig, SourceRef, StateSource, apply_selection, open_source_store
+from clink.tools.sources import Selection, SourceConfig, SourceRef, StateSource, apply_selection, open_source_store
 from snapshot import ClinkError, CorruptDataError, NotFoundError, StateVersionMap, UnsupportedFormatVersionError
 from snapshot.errors import ChecksumMismatchError, CorruptSnapshotError
 from snapshot.format import FORMAT_VERSION
@@ -66,7 +66,7 @@ def _named(exc: ClinkError, ref: SourceRef) -> ClinkError:
 
 def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
     """Manifest, then every data file (presence, size, sha256, each segment's crc32 and stream), then the merged table."""
-    from client.savepoint_check import FAIL, INFO, PASS, check_key_layout
+    from clink.tools.savepoint_check import FAIL, INFO, PASS, check_key_layout
     from snapshot import read_arrow_file, read_snapshot
     from store.checkpoint import CheckpointReader
     from store.datafile import ENCODING_FILE, ENCODING_STREAMS, decode_segment, verify_file, verify_segment

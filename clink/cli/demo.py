@@ -103,7 +103,7 @@ def _start_pool(workdir: Path, echo: Callable[[str], None]) -> tuple[subprocess.
     store = f"file://{workdir / 'pool-data'}"
     log_path = workdir / "pool.log"
     log = open(log_path, "wb")  # noqa: SIM115  # handed to the child; closed when the demo ends
-    cmd = [sys.executable, "-m", "pool.cli", "serve", "--store", store, "--listen", address, "--grace", "1"]
+    cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", store, "--listen", address, "--grace", "1"]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parents[1]))
     echo(f"starting a RemotePool: {' '.join(['clink-pool', *cmd[3:]])}")
     with PoolClient(address, PoolClientConfig(call_deadline_s=2)) as probe:

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from client.projections import decode_keys, key_groups_of
-from client.sources import SourceConfig, SourceRef, _read_local, parse_source
+from clink.tools.projections import decode_keys, key_groups_of
+from clink.tools.sources import SourceConfig, SourceRef, _read_local, parse_source
 from snapshot import (
     NUM_KEY_GROUPS,
     OPERATOR_STATE_PREFIX,
@@ -195,7 +195,7 @@ def check_source(
     if ref.kind in ("file", "object"):
         _check_snapshot_source(ref, config, report)
     elif ref.kind in ("checkpoint", "savepoint"):
-        from client.stored import check_stored
+        from clink.tools.stored import check_stored
 
         check_stored(ref, config, report)
     else:
@@ -217,7 +217,7 @@ def _check_snapshot_source(ref: SourceRef, config: SourceConfig, report: CheckRe
     if ref.kind == "file":
         data = _read_local(ref)
     else:
-        from client.sources import open_source_store
+        from clink.tools.sources import open_source_store
 
         data = open_source_store(ref, config).get(ref.path)
     report.files_checked = 1
@@ -226,7 +226,7 @@ def _check_snapshot_source(ref: SourceRef, config: SourceConfig, report: CheckRe
 
 
 def _check_pool(ref: SourceRef, config: SourceConfig, report: CheckReport) -> None:
-    from client.sources import load_source
+    from clink.tools.sources import load_source
 
     try:
         source = load_source(ref.spec, config)

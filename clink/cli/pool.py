@@ -1,4 +1,4 @@
-"""The clink-pool command line: `serve` runs a RemotePool; more subcommands plug in from pool/commands/."""
+"""The clink-pool command line: `serve` runs a RemotePool; the store-level commands come from pool_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import importlib
 import json
 import logging
 import os
-import pkgutil
 import sys
 import time
 
@@ -21,7 +20,8 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the store or the listen address is unusable; retrying may help
 
-_COMMANDS_PACKAGE = "pool.commands"
+# modules adding subcommands (each exposes COMMANDS), imported when a command is looked up so --help stays fast
+_COMMAND_MODULES = ("clink.cli.pool_lifecycle",)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -64,7 +64,7 @@ def fail(exc: ClinkError) -> None:
 
 
 class PoolGroup(click.Group):
-    """A click group that also loads every module in pool/commands/, so other parts add subcommands without editing this file."""
+    """A click group that also loads the subcommands of _COMMAND_MODULES (lazily, on the first lookup)."""
 
     _loaded = False
 
@@ -72,14 +72,8 @@ class PoolGroup(click.Group):
         if PoolGroup._loaded:
             return
         PoolGroup._loaded = True
-        try:
-            package = importlib.import_module(_COMMANDS_PACKAGE)
-        except ModuleNotFoundError:
-            return
-        for module in pkgutil.iter_modules(package.__path__):
-            mod = importlib.import_module(f"{_COMMANDS_PACKAGE}.{module.name}")
-            # a plugin module either decorates with @pool.cli.cli.command() or exposes COMMANDS
-            for command in getattr(mod, "COMMANDS", ()):
+        for name in _COMMAND_MODULES:
+            for command in getattr(importlib.import_module(name), "COMMANDS", ()):
                 self.add_command(command)
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -414,7 +414,7 @@ def _load_client_cert(context, config: SourceConfig) -> None:
 
 
 def _load_stored(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:
-    from client.stored import read_stored
+    from clink.tools.stored import read_stored
 
     return read_stored(ref, open_source_store(ref, config), selection)
 

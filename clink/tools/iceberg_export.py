@@ -37,7 +37,7 @@ def write_iceberg(source, catalog_name: str, catalog_uri: str, warehouse: str | 
     """Append the source's Iceberg projection to ``table_name``; returns the table location."""
     from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 
-    from client.projections import iceberg_projection, projection_metadata
+    from clink.tools.projections import iceberg_projection, projection_metadata
 
     namespace, _ = _identifier(table_name)
     data = iceberg_projection(source.table)
