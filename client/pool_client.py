@@ -234,7 +234,7 @@ class PoolClient:
             return
         err = error_from_status(code, details, what, error_class)
         if retryable(code, error_class):
-            err = type(err)(f"{err} (gave up after {attempt + 1} attempt(s))")
+            err.args = (f"{err} (gave up after {attempt + 1} attempt(s))",)
         raise err from None
 
     def _deadline(self, deadline_s: float | None = None) -> float:

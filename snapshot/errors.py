@@ -67,3 +67,13 @@ class OverloadedError(ResourceExhaustedError, UnavailableError):
 
 class LimitExceededError(ResourceExhaustedError):
     """The request itself is larger than a limit allows (keys, bytes, batches); the same request will fail again."""
+
+
+def prefixed(exc: ClinkError, prefix: str) -> ClinkError:
+    """The same error (same class, same attributes: a ChecksumMismatchError keeps its path) with ``prefix`` before its message."""
+    if str(exc).startswith(prefix):
+        return exc
+    new = type(exc).__new__(type(exc))
+    new.__dict__.update(exc.__dict__)
+    new.args = (f"{prefix}: {exc}",)
+    return new

@@ -25,6 +25,7 @@ from snapshot import (
     operator_id,
     read_snapshot,
 )
+from snapshot.errors import prefixed
 from snapshot.format import FORMAT_VERSION
 
 METADATA_FILE = "_metadata"
@@ -230,13 +231,8 @@ def _parse_local(spec: str, path: Path) -> SourceRef:
 
 
 def _with_prefix(exc: ClinkError, prefix: str) -> ClinkError:
-    """The same error class with the source named in front, when the class allows a plain message."""
-    if str(exc).startswith(prefix):
-        return exc
-    try:
-        return type(exc)(f"{prefix}: {exc}")
-    except TypeError:
-        return exc
+    """The same error, attributes kept, with the source named in front."""
+    return prefixed(exc, prefix)
 
 
 def apply_selection(table: pa.Table, selection: Selection) -> pa.Table:
@@ -254,7 +250,7 @@ def snapshot_source(ref: SourceRef, data: bytes | pa.Buffer | pa.NativeFile, sel
     try:
         snap = read_snapshot(data)
     except ClinkError as exc:
-        raise _with_prefix(exc, ref.describe()) from None
+        raise _with_prefix(exc, ref.describe()) from exc
     table = canonical_from_changelog(snap.table) if snap.is_changelog else snap.table
     table = apply_selection(table, selection)
     return StateSource(
@@ -305,7 +301,7 @@ def load_source(spec: str, config: SourceConfig | None = None, selection: Select
         try:
             data = store.get(ref.path)
         except ClinkError as exc:
-            raise _with_prefix(exc, ref.spec) from None
+            raise _with_prefix(exc, ref.spec) from exc
         return snapshot_source(ref, data, selection)
     if ref.kind in ("checkpoint", "savepoint"):
         return _load_stored(ref, config, selection)
@@ -436,7 +432,7 @@ def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> St
     try:
         return _scan_pool(ref, selection, PoolClient(ref.address, client_config))
     except ClinkError as exc:
-        raise _with_prefix(exc, f"pool {ref.address}") from None
+        raise _with_prefix(exc, f"pool {ref.address}") from exc
 
 
 def _scan_pool(ref: SourceRef, selection: Selection, client) -> StateSource:

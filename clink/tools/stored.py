@@ -6,7 +6,7 @@ import pyarrow.compute as pc
 
 from clink.tools.sources import Selection, SourceConfig, SourceRef, StateSource, apply_selection, open_source_store
 from snapshot import ClinkError, CorruptDataError, NotFoundError, StateVersionMap, UnsupportedFormatVersionError
-from snapshot.errors import ChecksumMismatchError, CorruptSnapshotError
+from snapshot.errors import ChecksumMismatchError, CorruptSnapshotError, prefixed
 from snapshot.format import FORMAT_VERSION
 from store.objects import ObjectStore
 from store.views import SAVEPOINT_MANIFEST, SavepointView, savepoint_prefix
@@ -37,7 +37,7 @@ def read_stored(ref: SourceRef, store, selection: Selection) -> StateSource:
         manifest = reader.manifest(checkpoint_id)
         table = reader.read_manifest_table(manifest, selection.key_groups, list(selection.op_ids) or None)
     except ClinkError as exc:
-        raise _named(exc, ref) from None
+        raise _named(exc, ref) from exc
     table = apply_selection(table, Selection(None, selection.op_ids))  # the reader already clipped the key groups
     operators: dict[int, str | None] = {int(o): (uid or None) for o, uid in manifest.operators}
     return StateSource(
@@ -58,10 +58,7 @@ def _named(exc: ClinkError, ref: SourceRef) -> ClinkError:
     text = str(exc)
     if ref.describe() in text or ref.spec in text:
         return exc
-    try:
-        return type(exc)(f"{ref.describe()}: {text}")
-    except TypeError:
-        return exc
+    return prefixed(exc, ref.describe())
 
 
 def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
