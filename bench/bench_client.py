@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         ratios[stat_name] = total["state-10x"] / total["state-1x"]
         for job, rows in (("state-1x", args.rows), ("state-10x", args.rows * 10)):
             r, g = parts[job]
-            print(f"  {stat_name:<6} {job[6:]:>3} state ({rows:>10,} rows): {total[job] * 1000:8.2f} ms  (restore {r * 1000:.2f} + first get {g * 1000:.2f})")
+            print(
+                f"  {stat_name:<6} {job[6:]:>3} state ({rows:>10,} rows): {total[job] * 1000:8.2f} ms  (restore {r * 1000:.2f} + first get {g * 1000:.2f})"
+            )
     ratio = ratios["median"]
     verdict = "OK" if ratio <= TARGET_RESTORE_RATIO else "OVER TARGET"
     print(f"  ratio 10x/1x: {ratio:.2f} by median, {ratios['min']:.2f} by min  (target <= {TARGET_RESTORE_RATIO})  {verdict}")
@@ -157,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("cached get x N", "cached get_many", "cold get x N", "cold get_many"):
         print(f"  {name:<16} {reads[name] * 1000:9.2f} ms  ({args.keys / reads[name]:>12,.0f} keys/s)")
     print(f"  cached: {args.keys:,} single gets / one get_many = {reads['cached get x N'] / reads['cached get_many']:.2f}x")
-    print(f"  cold:   {args.keys:,} single gets / one get_many = {reads['cold get x N'] / reads['cold get_many']:.2f}x (one MultiGet vs {args.keys:,} Get RPCs)")
+    print(
+        f"  cold:   {args.keys:,} single gets / one get_many = {reads['cold get x N'] / reads['cold get_many']:.2f}x (one MultiGet vs {args.keys:,} Get RPCs)"
+    )
     return 0 if ratio <= TARGET_RESTORE_RATIO else 1
 
 

@@ -34,8 +34,14 @@ def operator_rows() -> bytes:
     import pyarrow as pa
 
     keys = [encode_operator_key("offsets", f"partition-{i}".encode()) for i in range(16)]
-    table = pa.table({"row_kind": pa.array([ROW_PUT] * 16, pa.uint8()), "op_id": pa.array([OPERATORS[0]] * 16, pa.uint64()),
-                      "key_bytes": pa.array(keys, pa.binary()), "value_bytes": pa.array([np.int64(i).tobytes() for i in range(16)], pa.binary())})
+    table = pa.table(
+        {
+            "row_kind": pa.array([ROW_PUT] * 16, pa.uint8()),
+            "op_id": pa.array([OPERATORS[0]] * 16, pa.uint64()),
+            "key_bytes": pa.array(keys, pa.binary()),
+            "value_bytes": pa.array([np.int64(i).tobytes() for i in range(16)], pa.binary()),
+        }
+    )
     return write_snapshot(table, changelog=True)
 
 
@@ -87,8 +93,10 @@ def main() -> None:
         moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         moto.start()
         host, port = moto.get_host_and_port()
-        store = open_store("s3://bench-lifecycle/pool", StoreConfig(endpoint_url=f"http://{host}:{port}", region="us-east-1",
-                                                                     access_key_id="x", secret_access_key="x"))
+        store = open_store(
+            "s3://bench-lifecycle/pool",
+            StoreConfig(endpoint_url=f"http://{host}:{port}", region="us-east-1", access_key_id="x", secret_access_key="x"),
+        )
         store.create_bucket()
     else:
         store = open_store(f"file://{tmp.name}/pool")
@@ -130,30 +138,62 @@ def main() -> None:
     overhead = 16 << 10
     layered_overhead = overhead + 2 * (args.segment_kb << 10)
     figures = {
-        "rows": args.rows, "layers": args.layers + 1, "store": args.store, "setup_s": round(setup_s, 1),
-        "savepoint": {"bytes": sp_bytes, "files": sp_files, "fetched_eighth": sp_read, "ratio_to_eighth": round(ratio(sp_read, sp_bytes), 3),
-                      "ok": sp_read <= TARGET_RATIO * sp_bytes / 8 + overhead * sp_files, "overhead_per_file": overhead},
-        "checkpoint_layered": {"bytes": chk_bytes, "files": chk_files, "fetched_eighth": chk_read, "ratio_to_eighth": round(ratio(chk_read, chk_bytes), 3),
-                               "ok": chk_read <= TARGET_RATIO * chk_bytes / 8 + layered_overhead * chk_files,
-                               "overhead_per_file": layered_overhead},
-        "checkpoint_compacted": {"bytes": cmp_bytes, "files": cmp_files, "fetched_eighth": cmp_read, "ratio_to_eighth": round(ratio(cmp_read, cmp_bytes), 3),
-                                 "ok": cmp_read <= TARGET_RATIO * cmp_bytes / 8 + overhead * cmp_files, "overhead_per_file": overhead},
-        "scan_s_before_compaction": round(before, 3), "scan_s_after_compaction": round(after, 3),
-        "scan_speedup": round(before / after, 2), "compaction_s": round(compaction_s, 2), "folded": [list(f) for f in res.folded],
+        "rows": args.rows,
+        "layers": args.layers + 1,
+        "store": args.store,
+        "setup_s": round(setup_s, 1),
+        "savepoint": {
+            "bytes": sp_bytes,
+            "files": sp_files,
+            "fetched_eighth": sp_read,
+            "ratio_to_eighth": round(ratio(sp_read, sp_bytes), 3),
+            "ok": sp_read <= TARGET_RATIO * sp_bytes / 8 + overhead * sp_files,
+            "overhead_per_file": overhead,
+        },
+        "checkpoint_layered": {
+            "bytes": chk_bytes,
+            "files": chk_files,
+            "fetched_eighth": chk_read,
+            "ratio_to_eighth": round(ratio(chk_read, chk_bytes), 3),
+            "ok": chk_read <= TARGET_RATIO * chk_bytes / 8 + layered_overhead * chk_files,
+            "overhead_per_file": layered_overhead,
+        },
+        "checkpoint_compacted": {
+            "bytes": cmp_bytes,
+            "files": cmp_files,
+            "fetched_eighth": cmp_read,
+            "ratio_to_eighth": round(ratio(cmp_read, cmp_bytes), 3),
+            "ok": cmp_read <= TARGET_RATIO * cmp_bytes / 8 + overhead * cmp_files,
+            "overhead_per_file": overhead,
+        },
+        "scan_s_before_compaction": round(before, 3),
+        "scan_s_after_compaction": round(after, 3),
+        "scan_speedup": round(before / after, 2),
+        "compaction_s": round(compaction_s, 2),
+        "folded": [list(f) for f in res.folded],
         "savepoint_rows": sp.rows,
     }
     if args.json:
         print(json.dumps(figures))
     else:
-        print(f"state: {args.rows:,} keys, 1 full + {args.layers} delta checkpoints ({args.delta_fraction:.0%} each) on {args.store}; setup {setup_s:.1f} s")
-        for label, key in (("savepoint (folded base)", "savepoint"), ("checkpoint, layered", "checkpoint_layered"),
-                           ("checkpoint, compacted", "checkpoint_compacted")):
+        print(
+            f"state: {args.rows:,} keys, 1 full + {args.layers} delta checkpoints ({args.delta_fraction:.0%} each) on {args.store}; setup {setup_s:.1f} s"
+        )
+        for label, key in (
+            ("savepoint (folded base)", "savepoint"),
+            ("checkpoint, layered", "checkpoint_layered"),
+            ("checkpoint, compacted", "checkpoint_compacted"),
+        ):
             f = figures[key]
-            print(f"restore 1/8 of the key groups of the {label}: fetched {f['fetched_eighth']:,} of {f['bytes']:,} bytes in {f['files']} file(s) "
-                  f"= {f['ratio_to_eighth']:.3f} x 1/8 (target <= {TARGET_RATIO} x 1/8 + {f['overhead_per_file'] >> 10} KiB/file: "
-                  f"{'ok' if f['ok'] else 'MISSED'})")
-        print(f"full scan with {args.layers + 1} layers: {before:.3f} s; after compaction (1 base): {after:.3f} s; "
-              f"before/after = {before / after:.2f}x (compaction took {compaction_s:.2f} s)")
+            print(
+                f"restore 1/8 of the key groups of the {label}: fetched {f['fetched_eighth']:,} of {f['bytes']:,} bytes in {f['files']} file(s) "
+                f"= {f['ratio_to_eighth']:.3f} x 1/8 (target <= {TARGET_RATIO} x 1/8 + {f['overhead_per_file'] >> 10} KiB/file: "
+                f"{'ok' if f['ok'] else 'MISSED'})"
+            )
+        print(
+            f"full scan with {args.layers + 1} layers: {before:.3f} s; after compaction (1 base): {after:.3f} s; "
+            f"before/after = {before / after:.2f}x (compaction took {compaction_s:.2f} s)"
+        )
     if not all(figures[k]["ok"] for k in ("savepoint", "checkpoint_layered", "checkpoint_compacted")):
         sys.exit(1)
 

@@ -30,8 +30,12 @@ from store.objects import StoreConfig, open_store  # noqa: E402
 VALUE_BYTES = 32
 SLOT = b"v|"
 OPERATORS = tuple(snapshot.operator_id(uid) for uid in ("counter", "window"))
-TARGETS = {"commit 1% delta / full commit": ("<=", 0.05), "MultiGet / raw echo": (">=", 0.25), "scan / raw stream": (">=", 0.50),
-           "scan peak memory / stream": ("<=", 3.0)}
+TARGETS = {
+    "commit 1% delta / full commit": ("<=", 0.05),
+    "MultiGet / raw echo": (">=", 0.25),
+    "scan / raw stream": (">=", 0.50),
+    "scan peak memory / stream": ("<=", 3.0),
+}
 CHUNK = 1 << 20
 MAX_MESSAGE = 64 << 20
 ECHO_METHOD = "/bench.Echo/Unary"
@@ -88,14 +92,22 @@ def make_delta(user_ints: np.ndarray, ops: np.ndarray, fraction: float, rng: np.
     idx = rng.choice(len(user_ints), n_over + n_erase, replace=False)
     d_users = np.concatenate([user_ints[idx], np.arange(next_new, next_new + n_new, dtype=np.uint64)])
     d_ops = np.concatenate([ops[idx], np.full(n_new, OPERATORS[0], np.uint64)])
-    kinds = np.concatenate([np.full(n_over, snapshot.ROW_PUT), np.full(n_erase, snapshot.ROW_ERASE), np.full(n_new, snapshot.ROW_PUT)]).astype(np.uint8)
+    kinds = np.concatenate(
+        [np.full(n_over, snapshot.ROW_PUT), np.full(n_erase, snapshot.ROW_ERASE), np.full(n_new, snapshot.ROW_PUT)]
+    ).astype(np.uint8)
     values = random_values(rng, n)
     return changelog(kinds, d_ops, keyed_keys(d_users), values)
 
 
 def commit_chunks(job: str, cid: int, parent: int, epoch: int, delta: bytes) -> Iterator[pb.CommitChunk]:
-    header = pb.CommitHeader(job=job, checkpoint_id=cid, parent_id=parent, key_groups=pb.KeyGroupRange(lo=0, hi=127), epoch=epoch,
-                             operators=[pb.OperatorInfo(op_id=op, uid=uid) for op, uid in zip(OPERATORS, ("counter", "window"), strict=True)])
+    header = pb.CommitHeader(
+        job=job,
+        checkpoint_id=cid,
+        parent_id=parent,
+        key_groups=pb.KeyGroupRange(lo=0, hi=127),
+        epoch=epoch,
+        operators=[pb.OperatorInfo(op_id=op, uid=uid) for op, uid in zip(OPERATORS, ("counter", "window"), strict=True)],
+    )
     yield pb.CommitChunk(header=header)
     view = memoryview(delta)
     for start in range(0, len(delta), CHUNK):
@@ -171,7 +183,11 @@ def reset_peak_rss() -> bool:
 def scan_memory_child(store_uri: str, job: str, cid: int) -> None:
     """In a fresh process: start a pool on the store, scan once (cold cache), print the peak RSS growth as JSON."""
     endpoint = os.environ.get("CLINK_BENCH_S3_ENDPOINT")
-    store_config = StoreConfig(endpoint_url=endpoint, region="us-east-1", access_key_id="testing", secret_access_key="testing") if endpoint else StoreConfig()
+    store_config = (
+        StoreConfig(endpoint_url=endpoint, region="us-east-1", access_key_id="testing", secret_access_key="testing")
+        if endpoint
+        else StoreConfig()
+    )
     server = PoolServer(PoolServerConfig(store_uri=store_uri, listen="127.0.0.1:0", store=store_config)).start()
     channel = grpc.insecure_channel(server.address, options=grpc_options(MAX_MESSAGE))
     stub = pb_grpc.RemotePoolStub(channel)
@@ -224,7 +240,9 @@ def main() -> None:
         host, port = moto.get_host_and_port()
         os.environ["CLINK_BENCH_S3_ENDPOINT"] = f"http://{host}:{port}"  # for the scan-memory child process
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto logs every request otherwise
-        store_config = StoreConfig(endpoint_url=f"http://{host}:{port}", region="us-east-1", access_key_id="testing", secret_access_key="testing")
+        store_config = StoreConfig(
+            endpoint_url=f"http://{host}:{port}", region="us-east-1", access_key_id="testing", secret_access_key="testing"
+        )
         store_uri = "s3://bench/pool"
         store = open_store(store_uri, store_config)
         store.create_bucket()  # type: ignore[attr-defined]
@@ -258,15 +276,21 @@ def main() -> None:
     for cid in range(2, 5):
         delta = make_delta(user_ints, ops, args.delta, rng, next_new)
         next_new += args.rows
-        seconds, resp = timed(lambda cid=cid, delta=delta: stub.CommitCheckpoint(commit_chunks(job, cid, cid - 1, epoch, delta), timeout=600))
+        seconds, resp = timed(
+            lambda cid=cid, delta=delta: stub.CommitCheckpoint(commit_chunks(job, cid, cid - 1, epoch, delta), timeout=600)
+        )
         delta_times.append(seconds)
         delta_bytes = resp.bytes_written
     last_cid = 4
     raw_put, _ = timed(lambda: store.put("bench/raw-full-upload", full))
     results["commit 1% delta / full commit"] = min(delta_times) / min(full_times)
-    print(f"  commit full state: {min(full_times) * 1e3:.0f} ms ({full_bytes / 1e6:.1f} MB written); raw store put of the same bytes {raw_put * 1e3:.0f} ms")
-    print(f"  commit {args.delta:.0%} delta: {min(delta_times) * 1e3:.0f} ms ({delta_bytes / 1e6:.2f} MB written); "
-          f"bytes ratio {delta_bytes / full_bytes:.4f}; time vs raw put {min(delta_times) / raw_put:.3f}")
+    print(
+        f"  commit full state: {min(full_times) * 1e3:.0f} ms ({full_bytes / 1e6:.1f} MB written); raw store put of the same bytes {raw_put * 1e3:.0f} ms"
+    )
+    print(
+        f"  commit {args.delta:.0%} delta: {min(delta_times) * 1e3:.0f} ms ({delta_bytes / 1e6:.2f} MB written); "
+        f"bytes ratio {delta_bytes / full_bytes:.4f}; time vs raw put {min(delta_times) / raw_put:.3f}"
+    )
 
     # 2. MultiGet of 1,000 random keys vs a raw echo of the same request and response bytes
     pick = rng.choice(args.rows, args.keys, replace=False)
@@ -282,12 +306,15 @@ def main() -> None:
     echo_server = EchoServer(response.SerializeToString(), [])
     echo_channel = grpc.insecure_channel(f"127.0.0.1:{echo_server.port}", options=grpc_options(MAX_MESSAGE))
     # the client (de)serialises the same protobuf messages as the real stub; the echo handler itself touches raw bytes only
-    echo = echo_channel.unary_unary(ECHO_METHOD, request_serializer=pb.MultiGetRequest.SerializeToString,
-                                    response_deserializer=pb.MultiGetResponse.FromString)
+    echo = echo_channel.unary_unary(
+        ECHO_METHOD, request_serializer=pb.MultiGetRequest.SerializeToString, response_deserializer=pb.MultiGetResponse.FromString
+    )
     request_bytes = request.SerializeToString()
     # interleaved rounds, median ratio: other load on the machine hits both sides of a round alike
-    rounds = [(rate(lambda: stub.MultiGet(request, timeout=60), args.seconds / 5), rate(lambda: echo(request, timeout=60), args.seconds / 5))
-              for _ in range(5)]
+    rounds = [
+        (rate(lambda: stub.MultiGet(request, timeout=60), args.seconds / 5), rate(lambda: echo(request, timeout=60), args.seconds / 5))
+        for _ in range(5)
+    ]
     pool_rate, echo_rate = sorted(rounds, key=lambda r: r[0] / r[1])[len(rounds) // 2]
     results["MultiGet / raw echo"] = pool_rate / echo_rate
     unpinned_rate = rate(lambda: stub.MultiGet(unpinned, timeout=60), args.seconds / 5)
@@ -297,12 +324,18 @@ def main() -> None:
     server.core.multi_get_arrays = lambda *_a, **_k: canned  # type: ignore[method-assign]
     face_rate = rate(lambda: stub.MultiGet(request, timeout=60), args.seconds)
     server.core.multi_get_arrays = real_multi_get  # type: ignore[method-assign]
-    core_seconds = min(timed(lambda: real_multi_get(job, last_cid, np.array(request.op_ids, np.uint64), list(request.keys)))[0] for _ in range(20))
-    print(f"  MultiGet {args.keys} keys: {pool_rate:.0f} calls/s = {pool_rate * args.keys:,.0f} keys/s; raw echo of the same "
-          f"{len(request_bytes):,} B in / {response.ByteSize():,} B out: {echo_rate:.0f} calls/s; "
-          f"without the manifest etag {unpinned_rate:.0f} calls/s ({unpinned_rate / echo_rate:.3f} of echo)")
-    print(f"    where the time goes: gRPC face alone (core answer canned) {face_rate:.0f} calls/s = {face_rate / echo_rate:.2f} of echo; "
-          f"PoolCore.multi_get alone {core_seconds * 1e3:.2f} ms per call")
+    core_seconds = min(
+        timed(lambda: real_multi_get(job, last_cid, np.array(request.op_ids, np.uint64), list(request.keys)))[0] for _ in range(20)
+    )
+    print(
+        f"  MultiGet {args.keys} keys: {pool_rate:.0f} calls/s = {pool_rate * args.keys:,.0f} keys/s; raw echo of the same "
+        f"{len(request_bytes):,} B in / {response.ByteSize():,} B out: {echo_rate:.0f} calls/s; "
+        f"without the manifest etag {unpinned_rate:.0f} calls/s ({unpinned_rate / echo_rate:.3f} of echo)"
+    )
+    print(
+        f"    where the time goes: gRPC face alone (core answer canned) {face_rate:.0f} calls/s = {face_rate / echo_rate:.2f} of echo; "
+        f"PoolCore.multi_get alone {core_seconds * 1e3:.2f} ms per call"
+    )
     echo_server.stop()
     echo_channel.close()
 
@@ -325,9 +358,11 @@ def main() -> None:
         raw_times.append(timed(lambda: drain(c.data for c in raw_stream(b"", timeout=600)))[0])
     results["scan / raw stream"] = min(raw_times) / min(scan_times)
     core_scan = min(timed(lambda: server.core.scan_table(job, last_cid, None, [], None))[0] for _ in range(3))
-    print(f"  ScanCheckpoint {scanned_rows:,} rows, {stream_bytes / 1e6:.1f} MB in {len(chunks)} chunks: cold {cold * 1e3:.0f} ms, "
-          f"warm {min(scan_times) * 1e3:.0f} ms ({stream_bytes / min(scan_times) / 1e6:.0f} MB/s); raw stream {min(raw_times) * 1e3:.0f} ms "
-          f"({stream_bytes / min(raw_times) / 1e6:.0f} MB/s)")
+    print(
+        f"  ScanCheckpoint {scanned_rows:,} rows, {stream_bytes / 1e6:.1f} MB in {len(chunks)} chunks: cold {cold * 1e3:.0f} ms, "
+        f"warm {min(scan_times) * 1e3:.0f} ms ({stream_bytes / min(scan_times) / 1e6:.0f} MB/s); raw stream {min(raw_times) * 1e3:.0f} ms "
+        f"({stream_bytes / min(raw_times) / 1e6:.0f} MB/s)"
+    )
     print(f"    where the time goes: PoolCore.scan_table (merge of the layers) {core_scan * 1e3:.0f} ms of the warm scan")
     stream_server.stop()
     stream_channel.close()
@@ -336,16 +371,24 @@ def main() -> None:
 
     # 4. peak memory of a cold scan in a fresh process (so earlier phases' freed memory cannot hide it)
     env = dict(os.environ)
-    child = subprocess.run([sys.executable, __file__, "--scan-memory-child", store_uri, job, str(last_cid)], capture_output=True,
-                           text=True, timeout=900, env=env, check=False)
+    child = subprocess.run(
+        [sys.executable, __file__, "--scan-memory-child", store_uri, job, str(last_cid)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        check=False,
+    )
     if child.returncode != 0:
         print(child.stderr, file=sys.stderr)
         raise SystemExit("scan memory child failed")
     mem = json.loads(child.stdout.strip().splitlines()[-1])
     growth = mem["peak"] - mem["before"]
     results["scan peak memory / stream"] = growth / mem["stream_bytes"]
-    print(f"  cold scan in a fresh pool process: peak RSS growth {growth / 1e6:.1f} MB for a {mem['stream_bytes'] / 1e6:.1f} MB stream "
-          f"({'VmHWM' if mem['hwm'] else 'sampled RSS'})")
+    print(
+        f"  cold scan in a fresh pool process: peak RSS growth {growth / 1e6:.1f} MB for a {mem['stream_bytes'] / 1e6:.1f} MB stream "
+        f"({'VmHWM' if mem['hwm'] else 'sampled RSS'})"
+    )
 
     print("\nratio                              value    target  ok")
     failed = False

@@ -26,18 +26,31 @@ def _seeds() -> list[bytes]:
 
     op = snapshot.operator_id("fuzz")
     keys = [snapshot.encode_keyed_key("s", f"k{i}".encode()) for i in range(8)] + [snapshot.encode_operator_key("o", b"x")]
-    table = pa.table({"op_id": pa.array([op] * len(keys), pa.uint64()), "key_bytes": pa.array(keys, pa.binary()),
-                      "value_bytes": pa.array([b"v"] * len(keys), pa.binary())}).sort_by([("key_bytes", "ascending")])
-    change = pa.table({"row_kind": pa.array([1, 1, 2], pa.uint8()), "op_id": pa.array([op] * 3, pa.uint64()),
-                       "key_bytes": pa.array(keys[:3], pa.binary()), "value_bytes": pa.array([b"a", b"b", b""], pa.binary())})
+    table = pa.table(
+        {
+            "op_id": pa.array([op] * len(keys), pa.uint64()),
+            "key_bytes": pa.array(keys, pa.binary()),
+            "value_bytes": pa.array([b"v"] * len(keys), pa.binary()),
+        }
+    ).sort_by([("key_bytes", "ascending")])
+    change = pa.table(
+        {
+            "row_kind": pa.array([1, 1, 2], pa.uint8()),
+            "op_id": pa.array([op] * 3, pa.uint64()),
+            "key_bytes": pa.array(keys[:3], pa.binary()),
+            "value_bytes": pa.array([b"a", b"b", b""], pa.binary()),
+        }
+    )
     return [snapshot.write_snapshot(table, snapshot.StateVersionMap({(op, "value"): 2})), snapshot.write_snapshot(change, changelog=True)]
 
 
 def _manifest_seed() -> bytes:
-    return (b'{"format":"clink.checkpoint-manifest","version":1,"job":"j","checkpoint_id":2,"parent_id":1,"created_at_ms":5,'
-            b'"operators":[{"op_id":1,"uid":"u"}],"state_versions":"","files":[{"path":"data/a.arrow","kind":"delta","kg_lo":0,'
-            b'"kg_hi":127,"rows":3,"size":100,"sha256":"' + b"0" * 64 + b'","segments":[{"kg_lo":0,"kg_hi":127,"offset":0,'
-            b'"length":100,"rows":3,"crc32":7}]}],"parts":[{"kg_lo":0,"kg_hi":127,"epoch":1,"parent_id":1,"layers":[["data/a.arrow"]]}]}')
+    return (
+        b'{"format":"clink.checkpoint-manifest","version":1,"job":"j","checkpoint_id":2,"parent_id":1,"created_at_ms":5,'
+        b'"operators":[{"op_id":1,"uid":"u"}],"state_versions":"","files":[{"path":"data/a.arrow","kind":"delta","kg_lo":0,'
+        b'"kg_hi":127,"rows":3,"size":100,"sha256":"' + b"0" * 64 + b'","segments":[{"kg_lo":0,"kg_hi":127,"offset":0,'
+        b'"length":100,"rows":3,"crc32":7}]}],"parts":[{"kg_lo":0,"kg_hi":127,"epoch":1,"parent_id":1,"layers":[["data/a.arrow"]]}]}'
+    )
 
 
 def run_target(target: str) -> None:
@@ -91,8 +104,17 @@ def main() -> int:
         seeds = [_manifest_seed()] if target == "manifest" else _seeds()
         for i, seed in enumerate(seeds):
             (corpus / f"seed-{i}").write_bytes(seed)
-        cmd = [sys.executable, __file__, "--child", target, f"-max_total_time={args.seconds}", "-rss_limit_mb=2048", "-timeout=10",
-               f"-artifact_prefix={corpus_root}/{target}-", str(corpus)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            target,
+            f"-max_total_time={args.seconds}",
+            "-rss_limit_mb=2048",
+            "-timeout=10",
+            f"-artifact_prefix={corpus_root}/{target}-",
+            str(corpus),
+        ]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         done = [line for line in proc.stderr.splitlines() if line.startswith("Done ")]
         runs = int(done[-1].split()[1]) if done else 0

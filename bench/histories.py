@@ -1,7 +1,7 @@
 """Random job histories through a real `clink-pool serve` and RemoteReadBackend, against a model, over many seeds.
 
-    python bench/histories.py --seeds 200              # seeds 0..199, one pool process
-    python bench/histories.py --start 4711 --seeds 1   # replay one seed
+python bench/histories.py --seeds 200              # seeds 0..199, one pool process
+python bench/histories.py --start 4711 --seeds 1   # replay one seed
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"FAILED {exc}", file=sys.stderr)
         finally:
             pool.stop()
-    print(f"{args.seeds} seeds, {len(failed)} failed, {args.steps} steps each, {time.perf_counter() - started:.1f} s; "
-          + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())))
+    print(
+        f"{args.seeds} seeds, {len(failed)} failed, {args.steps} steps each, {time.perf_counter() - started:.1f} s; "
+        + ", ".join(f"{k} {v}" for k, v in sorted(totals.items()))
+    )
     return 1 if failed else 0
 
 

@@ -48,7 +48,9 @@ def _keys_in(lo: int, hi: int, count: int, seed: int) -> list[bytes]:
     return out
 
 
-def worker(index: int, address: str, key_groups: tuple[int, int], seconds: float, checkpoint_every_s: float, cache_bytes: int, results) -> None:
+def worker(
+    index: int, address: str, key_groups: tuple[int, int], seconds: float, checkpoint_every_s: float, cache_bytes: int, results
+) -> None:
     """One subtask: a loop of puts/erases, point gets, batched gets and periodic checkpoints until the deadline."""
     import snapshot
     from client import RemoteReadBackend
@@ -79,7 +81,7 @@ def worker(index: int, address: str, key_groups: tuple[int, int], seconds: float
         deadline = time.monotonic() + seconds
         next_checkpoint = time.monotonic() + checkpoint_every_s
         while time.monotonic() < deadline:
-            hot = universe[(cid * 1500) % len(universe):][:1500]  # writes move through the keys; reads spread over all of them
+            hot = universe[(cid * 1500) % len(universe) :][:1500]  # writes move through the keys; reads spread over all of them
             for _ in range(5):
                 key = rng.choice(hot)
                 t = time.perf_counter()
@@ -134,14 +136,29 @@ def _start_pool(store: str, tmp: Path) -> tuple[subprocess.Popen, str, object | 
         moto.start()
         host, port = moto.get_host_and_port()
         endpoint = f"http://{host}:{port}"
-        S3Store("load", "pool", StoreConfig(endpoint_url=endpoint, region="us-east-1", access_key_id="testing",
-                                            secret_access_key="testing")).create_bucket()
+        S3Store(
+            "load", "pool", StoreConfig(endpoint_url=endpoint, region="us-east-1", access_key_id="testing", secret_access_key="testing")
+        ).create_bucket()
         env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1", AWS_ENDPOINT_URL_S3=endpoint)
         uri = "s3://load/pool"
     else:
         uri = store if store.startswith(("file://", "s3://")) else f"file://{tmp / 'store'}"
-    cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", uri, "--listen", "127.0.0.1:0", "--output", "json", "--log-level", "warning",
-           "--max-workers", "32"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "clink.cli.pool",
+        "serve",
+        "--store",
+        uri,
+        "--listen",
+        "127.0.0.1:0",
+        "--output",
+        "json",
+        "--log-level",
+        "warning",
+        "--max-workers",
+        "32",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if not line:
@@ -158,7 +175,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=8, help="worker processes (subtasks of one job)")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long the workers run")
     parser.add_argument("--checkpoint-every", type=float, default=1.0, help="seconds between checkpoints of one worker")
-    parser.add_argument("--cache-kb", type=int, default=0, help="each worker's read cache; 0 sends every read not in the hot delta to the pool")
+    parser.add_argument(
+        "--cache-kb", type=int, default=0, help="each worker's read cache; 0 sends every read not in the hot delta to the pool"
+    )
     parser.add_argument("--store", default="file", help="'file' (a temporary directory), 'moto' (an in-process S3), or a store URI")
     parser.add_argument("--output", choices=["text", "json"], default="text")
     args = parser.parse_args()
@@ -171,7 +190,10 @@ def main() -> int:
     results = ctx.Queue()
     ranges = _ranges(args.workers)
     started = time.monotonic()
-    procs = [ctx.Process(target=worker, args=(i, address, ranges[i], args.seconds, args.checkpoint_every, args.cache_kb << 10, results)) for i in range(args.workers)]
+    procs = [
+        ctx.Process(target=worker, args=(i, address, ranges[i], args.seconds, args.checkpoint_every, args.cache_kb << 10, results))
+        for i in range(args.workers)
+    ]
     try:
         for p in procs:
             p.start()
@@ -204,12 +226,30 @@ def main() -> int:
     rows = []
     for op in ("put", "get", "get_many(50)", "checkpoint"):
         values = np.concatenate([lat[op] for _, lat, _, _, _, _ in collected]) if collected else np.array([])
-        rows.append({"op": op, "count": int(values.size), "per_s": values.size / args.seconds, "p50_ms": _pct(values, 50), "p99_ms": _pct(values, 99)})
+        rows.append(
+            {
+                "op": op,
+                "count": int(values.size),
+                "per_s": values.size / args.seconds,
+                "p50_ms": _pct(values, 50),
+                "p99_ms": _pct(values, 99),
+            }
+        )
     checkpoints = sum(c[4] for c in collected) + len(collected)  # the preload checkpoint is counted, the timed loop's too
     rpcs = sum(c[5] for c in collected)
-    summary = {"workers": args.workers, "seconds": args.seconds, "wall_s": round(wall, 1), "store": args.store, "ops": rows,
-               "errors": len(errors), "complete_checkpoints": len(infos), "commits": checkpoints,
-               "final_keys": len(expected), "pool_rpcs": rpcs, "final_state_matches_model": match}
+    summary = {
+        "workers": args.workers,
+        "seconds": args.seconds,
+        "wall_s": round(wall, 1),
+        "store": args.store,
+        "ops": rows,
+        "errors": len(errors),
+        "complete_checkpoints": len(infos),
+        "commits": checkpoints,
+        "final_keys": len(expected),
+        "pool_rpcs": rpcs,
+        "final_state_matches_model": match,
+    }
     if args.output == "json":
         print(json.dumps(summary))
     else:
@@ -217,8 +257,10 @@ def main() -> int:
         print(f"{'operation':<14}{'count':>10}{'per s':>11}{'p50 ms':>10}{'p99 ms':>10}")
         for r in rows:
             print(f"{r['op']:<14}{r['count']:>10,d}{r['per_s']:>11,.0f}{r['p50_ms']:>10.3f}{r['p99_ms']:>10.2f}")
-        print(f"pool RPCs from the workers {rpcs:,d} ({rpcs / args.seconds:,.0f}/s); commits {checkpoints} ({len(infos)} complete checkpoints); errors {len(errors)}; "
-              f"final checkpoint {'matches' if match else 'DOES NOT match'} the model ({len(expected):,d} keys)")
+        print(
+            f"pool RPCs from the workers {rpcs:,d} ({rpcs / args.seconds:,.0f}/s); commits {checkpoints} ({len(infos)} complete checkpoints); errors {len(errors)}; "
+            f"final checkpoint {'matches' if match else 'DOES NOT match'} the model ({len(expected):,d} keys)"
+        )
         for e in errors[:10]:
             print(f"  error: {e}")
     return 0 if not errors and match else 1

@@ -1,7 +1,7 @@
 """Run the deterministic protocol simulation over many seeds; a failing seed prints the command that replays it.
 
-    python bench/simulate.py --seeds 10000 --jobs 2          # many seeds, two processes
-    python bench/simulate.py --start 4711 --seeds 1 -v       # replay one seed, printing its actions
+python bench/simulate.py --seeds 10000 --jobs 2          # many seeds, two processes
+python bench/simulate.py --start 4711 --seeds 1 -v       # replay one seed, printing its actions
 """
 
 from __future__ import annotations
@@ -31,8 +31,14 @@ def run_seed(seed: int, steps: int, faults: bool = True, mutant: str | None = No
             stats = world.run(steps)
         return {"seed": seed, "ok": True, "steps": world.sched.steps, "seconds": time.perf_counter() - started, "stats": stats}
     except Exception as exc:  # noqa: BLE001 - a violation or a crash of the harness: both are reported with the seed
-        return {"seed": seed, "ok": False, "steps": world.sched.steps, "seconds": time.perf_counter() - started,
-                "error": f"{type(exc).__name__}: {exc}", "actions": world.actions[-60:]}
+        return {
+            "seed": seed,
+            "ok": False,
+            "steps": world.sched.steps,
+            "seconds": time.perf_counter() - started,
+            "error": f"{type(exc).__name__}: {exc}",
+            "actions": world.actions[-60:],
+        }
 
 
 def replay_command(seed: int, steps: int, mutant: str | None = None) -> str:
@@ -105,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
-        print(f"{summary['seeds']} seeds, {len(failed)} failed, {summary['steps_per_seed']} steps per seed, "
-              f"{summary['wall_s']} s wall ({summary['seconds_per_seed']} s per seed)")
+        print(
+            f"{summary['seeds']} seeds, {len(failed)} failed, {summary['steps_per_seed']} steps per seed, "
+            f"{summary['wall_s']} s wall ({summary['seconds_per_seed']} s per seed)"
+        )
         print("totals: " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())))
     return 1 if failed else 0
 
@@ -120,14 +128,18 @@ def run_mutants(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         killed, first = 0, None
         with ProcessPoolExecutor(max(1, args.jobs)) as pool:
-            futures = [pool.submit(run_seed, seed, args.steps, not args.no_faults, name) for seed in range(args.start, args.start + args.seeds)]
+            futures = [
+                pool.submit(run_seed, seed, args.steps, not args.no_faults, name) for seed in range(args.start, args.start + args.seeds)
+            ]
             for f in futures:
                 r = f.result()
                 if not r["ok"]:
                     killed += 1
                     first = first if first is not None else r
-        print(f"{name:40s} killed by {killed:4d} of {args.seeds} seeds ({time.perf_counter() - started:5.1f} s)"
-              + (f"  first: seed {first['seed']}: {first['error'][:110]}" if first else ""))
+        print(
+            f"{name:40s} killed by {killed:4d} of {args.seeds} seeds ({time.perf_counter() - started:5.1f} s)"
+            + (f"  first: seed {first['seed']}: {first['error'][:110]}" if first else "")
+        )
         if not killed:
             survivors.append(name)
     if survivors:

@@ -329,7 +329,9 @@ class RemoteReadBackend:
         try:
             lead = key[0]
         except IndexError:
-            raise InvalidArgumentError("key_bytes is empty; a state key starts with its key-group byte (or 0xFF for operator state)") from None
+            raise InvalidArgumentError(
+                "key_bytes is empty; a state key starts with its key-group byte (or 0xFF for operator state)"
+            ) from None
         lo, hi = self.key_groups
         if lead < NUM_KEY_GROUPS and not lo <= lead <= hi:
             raise InvalidArgumentError(f"key {bytes(key)[:32]!r} is in key group {lead}, outside this backend's range {lo}-{hi}")
@@ -660,7 +662,9 @@ class RemoteReadBackend:
             if len(delta) <= INLINE_SCAN_DELTA_BYTES:
                 blob = self._pool.scan_checkpoint(self.job, checkpoint, key_groups=(lo, hi), delta=delta, manifest_etag=self._read_etag)
             else:  # larger than a pool takes in one request: overlay here what the pool would have overlaid
-                base = snapshot.read_snapshot(self._pool.scan_checkpoint(self.job, checkpoint, key_groups=(lo, hi), manifest_etag=self._read_etag))
+                base = snapshot.read_snapshot(
+                    self._pool.scan_checkpoint(self.job, checkpoint, key_groups=(lo, hi), manifest_etag=self._read_etag)
+                )
                 table = snapshot.overlay(base.table.replace_schema_metadata(None), snapshot.filter_key_groups(changes, lo, hi))
                 blob = snapshot.SnapshotArrowWriter(base.state_versions, base.extra_metadata).write(table)
         local_versions = dict(self.state_versions.items())

@@ -337,12 +337,15 @@ class PoolClient:
         """The value of one key at a checkpoint (0: newest complete), None when absent."""
         return self.multi_get_at(job, checkpoint_id, [op_id], [key], manifest_etag)[0][0]
 
-    def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str = "") -> list[bytes | None]:
+    def multi_get(
+        self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str = ""
+    ) -> list[bytes | None]:
         """Values of many keys in one call, in order; ``op_ids`` is one per key or a single shared one."""
         return self.multi_get_at(job, checkpoint_id, op_ids, keys, manifest_etag)[0]
 
-    def multi_get_at(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes],
-                     manifest_etag: str = "") -> tuple[list[bytes | None], str]:
+    def multi_get_at(
+        self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str = ""
+    ) -> tuple[list[bytes | None], str]:
         """multi_get, and the etag of the _metadata the pool read the answers from.
 
         ``manifest_etag``: the version of the checkpoint the caller holds (a backend's read checkpoint); a pool whose cached
@@ -360,8 +363,9 @@ class PoolClient:
             out.extend(values)
         return out, manifest_etag
 
-    def _multi_get_batch(self, job: str, checkpoint_id: int, op_ids: list[int], keys: Sequence[bytes],
-                         manifest_etag: str) -> tuple[list[bytes | None], str]:
+    def _multi_get_batch(
+        self, job: str, checkpoint_id: int, op_ids: list[int], keys: Sequence[bytes], manifest_etag: str
+    ) -> tuple[list[bytes | None], str]:
         req = pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=op_ids, keys=list(keys), manifest_etag=manifest_etag)
         resp = self._call(
             f"multi-get of {len(keys)} key(s) from job {job!r} checkpoint {checkpoint_id}",
@@ -441,8 +445,9 @@ class PoolClient:
             except grpc.RpcError as exc:
                 code, details = exc.code(), exc.details()
                 if attempt and code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.ABORTED):
-                    raise ConflictError(f"{what}: {details} (an earlier attempt failed with its outcome unknown: "
-                                        "the savepoint may be that attempt's)") from None
+                    raise ConflictError(
+                        f"{what}: {details} (an earlier attempt failed with its outcome unknown: the savepoint may be that attempt's)"
+                    ) from None
                 self._back_off_or_raise(code, details, what, attempt, error_class_of(exc))
                 attempt += 1
 
@@ -472,8 +477,7 @@ class PoolClient:
         req = pb.CompactCheckpointRequest(job=job, checkpoint_id=checkpoint_id, force=force)
         resp = self._call(
             f"compact checkpoint {checkpoint_id} of job {job!r}",
-            lambda: self._stub.CompactCheckpoint(req, timeout=deadline_s or self.config.commit_deadline_s,
-                                                 metadata=self._metadata),
+            lambda: self._stub.CompactCheckpoint(req, timeout=deadline_s or self.config.commit_deadline_s, metadata=self._metadata),
         )
         return CompactionInfo(resp.checkpoint_id, tuple((r.lo, r.hi) for r in resp.folded), resp.files_written, resp.bytes_written)
 

@@ -158,12 +158,15 @@ class Admission:
         with self._lock:
             if self._calls >= config.max_calls:
                 self.refused += 1
-                raise OverloadedError(f"the pool is serving {self._calls} calls, its limit (--max-concurrent-rpcs {config.max_calls}); retry later")
+                raise OverloadedError(
+                    f"the pool is serving {self._calls} calls, its limit (--max-concurrent-rpcs {config.max_calls}); retry later"
+                )
             held = self._by_holder.get(holder, 0) if holder is not None else 0
             if holder is not None and config.max_calls_per_token is not None and held >= config.max_calls_per_token:
                 self.refused += 1
-                raise OverloadedError(f"token {holder} has {held} calls in flight, its limit (--max-rpcs-per-token "
-                                      f"{config.max_calls_per_token}); retry later")
+                raise OverloadedError(
+                    f"token {holder} has {held} calls in flight, its limit (--max-rpcs-per-token {config.max_calls_per_token}); retry later"
+                )
             self._calls += 1
             if holder is not None:
                 self._by_holder[holder] = held + 1
@@ -251,7 +254,9 @@ class LaneExecutor(futures.Executor):
             for ticket in tickets:
                 waited = now - ticket.waiting_since if ticket.waiting_since is not None else 0.0
                 if waited > self.config.idle_s:
-                    self._cancel(ticket, f"the client sent or read nothing for {waited:.0f} s (the pool's idle limit is {self.config.idle_s:g} s)")
+                    self._cancel(
+                        ticket, f"the client sent or read nothing for {waited:.0f} s (the pool's idle limit is {self.config.idle_s:g} s)"
+                    )
                 elif now - ticket.started > self.config.max_call_s:
                     self._cancel(ticket, f"the call ran longer than the pool's limit of {self.config.max_call_s:g} s")
 

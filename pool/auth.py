@@ -24,8 +24,15 @@ from snapshot.errors import InvalidArgumentError, PermissionDeniedError, Unauthe
 READ = "read"
 WRITE = "write"
 READ_WRITE = "read and write"  # a method that reads a job's state and writes from it (a savepoint)
-_ACCESS = {"r": frozenset({READ}), "read": frozenset({READ}), "w": frozenset({WRITE}), "write": frozenset({WRITE}),
-           "rw": frozenset({READ, WRITE}), "read,write": frozenset({READ, WRITE}), "write,read": frozenset({READ, WRITE})}
+_ACCESS = {
+    "r": frozenset({READ}),
+    "read": frozenset({READ}),
+    "w": frozenset({WRITE}),
+    "write": frozenset({WRITE}),
+    "rw": frozenset({READ, WRITE}),
+    "read,write": frozenset({READ, WRITE}),
+    "write,read": frozenset({READ, WRITE}),
+}
 # answered without a token, so load balancers and orchestrators can probe the pool
 OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 REMOTE_POOL_PREFIX = "/" + pb.DESCRIPTOR.services_by_name["RemotePool"].full_name + "/"
@@ -42,6 +49,7 @@ class TlsConfig:
     @classmethod
     def from_files(cls, cert: str | Path, key: str | Path, client_ca: str | Path | None = None) -> TlsConfig:
         """Read the PEM files; InvalidArgumentError naming a file that cannot be read."""
+
         def read(path: str | Path) -> bytes:
             try:
                 return Path(path).read_bytes()
@@ -97,7 +105,7 @@ class TokenGrant:
     @property
     def identity(self) -> str:
         """A stable name of the token that reveals nothing usable: the start of its SHA-256 (the same for a hashed entry)."""
-        digest = self.token[len("sha256:"):] if self.token.startswith("sha256:") else hashlib.sha256(self.token.encode()).hexdigest()
+        digest = self.token[len("sha256:") :] if self.token.startswith("sha256:") else hashlib.sha256(self.token.encode()).hexdigest()
         return digest[:16].lower()
 
     def allows_job(self, job: str) -> bool:
@@ -139,9 +147,11 @@ class TokenTable:
             try:
                 doc = json.loads(text)
                 entries = doc["tokens"]
-                grants = [_grant(e.get("token"), e.get("jobs"), e.get("access"), e.get("name") or f"#{i}", name) for i, e in enumerate(entries)]
+                grants = [
+                    _grant(e.get("token"), e.get("jobs"), e.get("access"), e.get("name") or f"#{i}", name) for i, e in enumerate(entries)
+                ]
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise InvalidArgumentError(f"{name}: not a token document ({{\"tokens\": [{{\"token\", \"jobs\", \"access\"}}]}}): {exc}") from None
+                raise InvalidArgumentError(f'{name}: not a token document ({{"tokens": [{{"token", "jobs", "access"}}]}}): {exc}') from None
             return cls(grants)
         grants = []
         for lineno, line in enumerate(text.splitlines(), 1):
@@ -270,7 +280,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if handler is None or details.method in self.open_methods:
             return handler
         token = _call_token(details)
-        method = details.method[len(REMOTE_POOL_PREFIX):] if details.method.startswith(REMOTE_POOL_PREFIX) else None
+        method = details.method[len(REMOTE_POOL_PREFIX) :] if details.method.startswith(REMOTE_POOL_PREFIX) else None
         mode = METHOD_ACCESS.get(method or "")
         tokens = self.tokens
 

@@ -21,8 +21,9 @@ class MemoryBudget:
     honest request is refused for ever.
     """
 
-    def __init__(self, limit_bytes: int, wait_s: float = 30.0, flag: str = "--request-memory-mb", max_waiters: int = 4,
-                 holder_share: float = 0.5) -> None:
+    def __init__(
+        self, limit_bytes: int, wait_s: float = 30.0, flag: str = "--request-memory-mb", max_waiters: int = 4, holder_share: float = 0.5
+    ) -> None:
         self.limit = limit_bytes
         self.wait_s = wait_s
         self.flag = flag
@@ -68,8 +69,10 @@ class MemoryBudget:
             self.peak = max(self.peak, self.reserved)
 
     def _refusal(self, what: str) -> OverloadedError:
-        return OverloadedError(f"{what}: the pool holds {self.reserved >> 20} MiB of request data in flight, "
-                               f"its limit ({self.flag} {self.limit >> 20}); retry later")
+        return OverloadedError(
+            f"{what}: the pool holds {self.reserved >> 20} MiB of request data in flight, "
+            f"its limit ({self.flag} {self.limit >> 20}); retry later"
+        )
 
     def release(self, nbytes: int, holder: str | None = None) -> None:
         if nbytes <= 0:

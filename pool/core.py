@@ -83,7 +83,14 @@ def _as_changelog(table: pa.Table, is_changelog: bool) -> pa.Table:
     if is_changelog:
         return table
     kinds = pa.array(np.full(table.num_rows, ROW_PUT, dtype=np.uint8))
-    return pa.table({"row_kind": kinds, "op_id": table.column("op_id"), "key_bytes": table.column("key_bytes"), "value_bytes": table.column("value_bytes")})
+    return pa.table(
+        {
+            "row_kind": kinds,
+            "op_id": table.column("op_id"),
+            "key_bytes": table.column("key_bytes"),
+            "value_bytes": table.column("value_bytes"),
+        }
+    )
 
 
 class _released:  # noqa: N801 - used like the generator function it stands for
@@ -222,7 +229,12 @@ class PoolCore:
         """The resolved changelog of the delta (one row per key), checked against the writer's range."""
         data = b"".join(self._bounded_chunks(request, chunks, held))
         if not data:
-            return _as_changelog(pa.table({"op_id": pa.array([], pa.uint64()), "key_bytes": pa.array([], pa.binary()), "value_bytes": pa.array([], pa.binary())}), False)
+            return _as_changelog(
+                pa.table(
+                    {"op_id": pa.array([], pa.uint64()), "key_bytes": pa.array([], pa.binary()), "value_bytes": pa.array([], pa.binary())}
+                ),
+                False,
+            )
         try:
             snap = read_snapshot(data)
         except (CorruptSnapshotError, UnsupportedFormatVersionError) as exc:
@@ -250,8 +262,10 @@ class PoolCore:
         for chunk in chunks:
             total += len(chunk)
             if total > limit:
-                raise LimitExceededError(f"the delta of checkpoint {request.checkpoint_id} holds more than {limit} bytes, "
-                                         f"the pool's limit per commit (--max-commit-mb {limit >> 20}); nothing was written")
+                raise LimitExceededError(
+                    f"the delta of checkpoint {request.checkpoint_id} holds more than {limit} bytes, "
+                    f"the pool's limit per commit (--max-commit-mb {limit >> 20}); nothing was written"
+                )
             held.add(len(chunk) * COMMIT_WORKING_FACTOR, what)
             yield bytes(chunk)
 
@@ -259,10 +273,21 @@ class PoolCore:
         """Stage one range of checkpoint N and complete it once the valid parts tile 0..127 (pool/protocol.py)."""
         job, operators, versions = self._validate_request(request)
         self.fencing.check(job, request.key_groups, request.epoch)  # before the body is read: a fenced writer uploads nothing
-        with self.budget.holding(holder) as held:  # holder: the caller's token, whose share of the budget this counts against  # what every commit and scan overlay in flight holds, in all, is bounded
+        with (
+            self.budget.holding(holder) as held
+        ):  # holder: the caller's token, whose share of the budget this counts against  # what every commit and scan overlay in flight holds, in all, is bounded
             delta = self._read_delta(request, delta_chunks, held)
-            return self.protocol.commit(job, request.checkpoint_id, request.parent_id, request.key_groups, request.epoch, delta, operators,
-                                        versions, retry=request.attempt > 0)
+            return self.protocol.commit(
+                job,
+                request.checkpoint_id,
+                request.parent_id,
+                request.key_groups,
+                request.epoch,
+                delta,
+                operators,
+                versions,
+                retry=request.attempt > 0,
+            )
 
     # ---- reads ------------------------------------------------------------------------------------------------
 
@@ -271,8 +296,9 @@ class PoolCore:
         found, values, cid = self.multi_get(job, checkpoint_id, [op_id], [key], manifest_etag)
         return bool(found[0]), values[0], cid
 
-    def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes],
-                  manifest_etag: str | None = None) -> tuple[list[bool], list[bytes], int]:
+    def multi_get(
+        self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str | None = None
+    ) -> tuple[list[bool], list[bytes], int]:
         """Point reads, batched per data file and segment: (found flags, values, checkpoint id answered)."""
         found, values, cid = self.multi_get_arrays(job, checkpoint_id, op_ids, keys, manifest_etag)
         return found.tolist(), values.to_pylist(), cid
@@ -280,14 +306,19 @@ class PoolCore:
     def check_multi_get_size(self, keys: int, key_bytes: int | None) -> None:
         """LimitExceededError when a MultiGet asks for more keys (or key bytes) than the pool serves in one call."""
         if keys > self.config.max_multiget_keys:
-            raise LimitExceededError(f"a MultiGet of {keys} keys; the pool serves at most {self.config.max_multiget_keys} per call "
-                                     "(--max-multiget-keys): split it")
+            raise LimitExceededError(
+                f"a MultiGet of {keys} keys; the pool serves at most {self.config.max_multiget_keys} per call "
+                "(--max-multiget-keys): split it"
+            )
         if key_bytes is not None and key_bytes > self.config.max_multiget_key_bytes:
-            raise LimitExceededError(f"a MultiGet carrying {key_bytes} bytes of keys; the pool takes at most "
-                                     f"{self.config.max_multiget_key_bytes} per call (--max-multiget-key-mb): split it")
+            raise LimitExceededError(
+                f"a MultiGet carrying {key_bytes} bytes of keys; the pool takes at most "
+                f"{self.config.max_multiget_key_bytes} per call (--max-multiget-key-mb): split it"
+            )
 
-    def multi_get_arrays(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes],
-                         manifest_etag: str | None = None) -> tuple[np.ndarray, pa.Array, int]:
+    def multi_get_arrays(
+        self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str | None = None
+    ) -> tuple[np.ndarray, pa.Array, int]:
         """Point reads like multi_get, with the answers as arrays (found mask, binary values, b"" where not found), for encoding in bulk."""
         job = self._job(job)
         if len(op_ids) != len(keys):
@@ -305,8 +336,15 @@ class PoolCore:
         found, values = self.reader(job).lookup_values(manifest, ops, key_array)
         return found, values, manifest.checkpoint_id
 
-    def scan_table(self, job: str, checkpoint_id: int, key_groups: KeyGroupRange | None, op_ids: Sequence[int], delta: bytes | None,
-                   manifest_etag: str | None = None) -> tuple[pa.Table, Manifest]:
+    def scan_table(
+        self,
+        job: str,
+        checkpoint_id: int,
+        key_groups: KeyGroupRange | None,
+        op_ids: Sequence[int],
+        delta: bytes | None,
+        manifest_etag: str | None = None,
+    ) -> tuple[pa.Table, Manifest]:
         """The canonical table a scan streams (layers merged, optional changelog delta overlaid, optional op_ids filter)."""
         job = self._job(job)
         if key_groups is not None and not isinstance(key_groups, KeyGroupRange):
@@ -318,8 +356,10 @@ class PoolCore:
             except (CorruptSnapshotError, UnsupportedFormatVersionError) as exc:
                 raise InvalidArgumentError(f"scan delta is not a valid snapshot stream: {exc}") from None
         if len(op_ids) > self.config.max_scan_op_ids:
-            raise LimitExceededError(f"a scan filtered to {len(op_ids)} op_ids; the pool takes at most {self.config.max_scan_op_ids} "
-                                     "(scan without the filter and filter the stream instead)")
+            raise LimitExceededError(
+                f"a scan filtered to {len(op_ids)} op_ids; the pool takes at most {self.config.max_scan_op_ids} "
+                "(scan without the filter and filter the stream instead)"
+            )
         for op in op_ids:
             if isinstance(op, bool) or not isinstance(op, int) or not 0 <= op <= _U64:
                 raise InvalidArgumentError(f"op_id {op!r} must be a uint64")
@@ -421,8 +461,10 @@ class PoolCore:
             holders = [w for w in table.writers if w.base == checkpoint_id]
             if holders:
                 w = holders[0]
-                raise ConflictError(f"checkpoint {checkpoint_id} of job {job} is where the writer of key groups {w.kg_lo}-{w.kg_hi} "
-                                    f"(epoch {w.epoch}) restored from; restore it elsewhere before deleting")
+                raise ConflictError(
+                    f"checkpoint {checkpoint_id} of job {job} is where the writer of key groups {w.kg_lo}-{w.kg_hi} "
+                    f"(epoch {w.epoch}) restored from; restore it elsewhere before deleting"
+                )
             return {checkpoint_id}
 
         with self.fencing.removing(job, decide, int(self.config.max_commit_s * 1000), "delete") as (_, stop_at):

@@ -69,7 +69,7 @@ def store_redactor(store_uri: str):
     """
     needles = [store_uri.rstrip("/")]
     if store_uri.startswith("file://"):
-        needles.append(store_uri[len("file://"):].rstrip("/"))
+        needles.append(store_uri[len("file://") :].rstrip("/"))
     needles = sorted({n for n in needles if len(n) > 1}, key=len, reverse=True)
 
     def redact(message: str) -> str:

@@ -247,9 +247,11 @@ class HttpExport:
         stop_http(self.server, self.thread)
 
 
-def start_http_export(core: PoolCore, host: str = "127.0.0.1", port: int = 0, tls=None, tokens=None, max_exports: int = 4,
-                      redact=str) -> HttpExport:
+def start_http_export(
+    core: PoolCore, host: str = "127.0.0.1", port: int = 0, tls=None, tokens=None, max_exports: int = 4, redact=str
+) -> HttpExport:
     """Serve the export routes over ``core`` on host:port (0 picks a free port) from a background thread; HTTPS with ``tls``."""
+
     def configure(server: _ExportServer) -> None:
         server.core = core
         server.tokens = tokens

@@ -18,7 +18,6 @@ log = logging.getLogger("clink.pool.http")
 SOCKET_TIMEOUT_S = 60.0
 
 
-
 # connections served at once per port: past it a new one gets a 503 and is closed (each holds a thread while open)
 MAX_CONNECTIONS = 64
 # seconds a connection gets to finish its TLS handshake and send a request's line and headers (trickling bytes is no help)
@@ -122,9 +121,15 @@ class PoolHttpServer(ThreadingHTTPServer):
         log.info("connection from %s failed: %s", client_address[0], sys.exc_info()[1])
 
 
-def serve_http(host: str, port: int, handler: type[BaseHTTPRequestHandler], tls=None, name: str = "pool-http",
-               server_class: type[PoolHttpServer] = PoolHttpServer,
-               configure: Callable[[PoolHttpServer], None] | None = None) -> tuple[PoolHttpServer, threading.Thread]:
+def serve_http(
+    host: str,
+    port: int,
+    handler: type[BaseHTTPRequestHandler],
+    tls=None,
+    name: str = "pool-http",
+    server_class: type[PoolHttpServer] = PoolHttpServer,
+    configure: Callable[[PoolHttpServer], None] | None = None,
+) -> tuple[PoolHttpServer, threading.Thread]:
     """Serve ``handler`` on host:port (0: a free port) from a background thread; HTTPS with a pool.auth.TlsConfig.
 
     The TLS handshake runs lazily in each connection's own thread under the handler's socket timeout, so a client that

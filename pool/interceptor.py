@@ -109,16 +109,23 @@ class StatusInterceptor(grpc.ServerInterceptor):
     request being read or decoded. Health checks (``open_methods``) keep grpc's non-blocking handlers and their own lane.
     """
 
-    def __init__(self, observer: RpcObserver | None = None, admit: Callable[[grpc.HandlerCallDetails], Any] | None = None,
-                 admission: Admission | None = None, open_methods: frozenset[str] = frozenset(),
-                 redact: Callable[[str], str] = str) -> None:
+    def __init__(
+        self,
+        observer: RpcObserver | None = None,
+        admit: Callable[[grpc.HandlerCallDetails], Any] | None = None,
+        admission: Admission | None = None,
+        open_methods: frozenset[str] = frozenset(),
+        redact: Callable[[str], str] = str,
+    ) -> None:
         self.redact = redact
         self.observer = observer
         self.admit = admit
         self.admission = admission
         self.open_methods = open_methods
 
-    def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any], handler_call_details: grpc.HandlerCallDetails) -> Any:
+    def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Any], handler_call_details: grpc.HandlerCallDetails
+    ) -> Any:
         handler = continuation(handler_call_details)
         if handler is None:
             return None

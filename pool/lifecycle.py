@@ -52,8 +52,19 @@ from store.objects import ObjectInfo, ObjectStore
 from store.views import SavepointView
 from store.writers import WriterTable
 
-__all__ = ["GC_MARKER", "JOB_GC_MARKER", "CompactionResult", "GcResult", "Lifecycle", "LifecycleConfig", "RetentionResult",
-           "SavepointInfo", "manifest_summary", "savepoint_prefix", "validate_name"]
+__all__ = [
+    "GC_MARKER",
+    "JOB_GC_MARKER",
+    "CompactionResult",
+    "GcResult",
+    "Lifecycle",
+    "LifecycleConfig",
+    "RetentionResult",
+    "SavepointInfo",
+    "manifest_summary",
+    "savepoint_prefix",
+    "validate_name",
+]
 
 PIN_FORMAT = "clink.pin"
 # a GC run re-lists a job whose manifests change under it this many times before it leaves the job for the next run
@@ -80,7 +91,9 @@ class LifecycleConfig:
 
     def __post_init__(self) -> None:
         if self.max_pins_per_job < 1 or not self.max_pin_ttl_s > 0:
-            raise InvalidArgumentError(f"max_pins_per_job ({self.max_pins_per_job}) and max_pin_ttl_s ({self.max_pin_ttl_s}) must be positive")
+            raise InvalidArgumentError(
+                f"max_pins_per_job ({self.max_pins_per_job}) and max_pin_ttl_s ({self.max_pin_ttl_s}) must be positive"
+            )
         if not 0 < self.max_write_s:
             raise InvalidArgumentError(f"max_write_s = {self.max_write_s} must be positive")
         if self.retain_last < 1:
@@ -169,7 +182,11 @@ def _fold_target(table: pa.Table, kg_count: int) -> int:
     """Segment target for a folded file: about one segment per key group, never tiny segments."""
     if table.num_rows == 0:
         return _MIN_FOLD_SEGMENT_BYTES
-    est = pc.sum(pc.binary_length(table.column("key_bytes"))).as_py() + pc.sum(pc.binary_length(table.column("value_bytes"))).as_py() + 9 * table.num_rows
+    est = (
+        pc.sum(pc.binary_length(table.column("key_bytes"))).as_py()
+        + pc.sum(pc.binary_length(table.column("value_bytes"))).as_py()
+        + 9 * table.num_rows
+    )
     return max(_MIN_FOLD_SEGMENT_BYTES, int(est) // max(1, 2 * kg_count))
 
 
@@ -194,8 +211,14 @@ def _manifest_json(m: Manifest, extra: dict | None = None) -> bytes:
 class Lifecycle:
     """Savepoints, restores, pins, retention, compaction and GC over one store (no server needed)."""
 
-    def __init__(self, store: ObjectStore, config: LifecycleConfig | None = None, clock: Callable[[], float] = time.time,
-                 cache: SegmentCache | None = None, on_manifest_replaced: Callable[[str, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        config: LifecycleConfig | None = None,
+        clock: Callable[[], float] = time.time,
+        cache: SegmentCache | None = None,
+        on_manifest_replaced: Callable[[str, int], None] | None = None,
+    ) -> None:
         self.store = store
         self.config = config or LifecycleConfig()
         self.clock = clock
@@ -217,7 +240,9 @@ class Lifecycle:
             job, own = name.split("/")
             job, own = self._job(job), self._name(own)
             if own in SAVEPOINT_ENTRIES:
-                raise InvalidArgumentError(f"savepoint name {own!r} is reserved (a savepoint folder holds {', '.join(sorted(SAVEPOINT_ENTRIES))})")
+                raise InvalidArgumentError(
+                    f"savepoint name {own!r} is reserved (a savepoint folder holds {', '.join(sorted(SAVEPOINT_ENTRIES))})"
+                )
             return f"{job}/{own}"
         return self._name(name)
 
@@ -256,8 +281,9 @@ class Lifecycle:
 
     # ---- savepoints ------------------------------------------------------------------------------------------
 
-    def savepoint(self, job: str, checkpoint_id: int, name: str, target_store: ObjectStore | None = None,
-                  under_job: bool = False) -> SavepointInfo:
+    def savepoint(
+        self, job: str, checkpoint_id: int, name: str, target_store: ObjectStore | None = None, under_job: bool = False
+    ) -> SavepointInfo:
         """Write savepoints/NAME/ (one folded base file + _metadata, relative paths) into target_store or this store.
 
         ``under_job``: write savepoints/JOB/NAME/ instead, the job's own namespace (what a job's token may write through
@@ -283,10 +309,21 @@ class Lifecycle:
             layers = ((path,),)
         epoch = max(p.epoch for p in manifest.parts)
         if self.clock() - written_at > self.config.max_write_s:  # GC's minimum age protects the unpublished base only so long
-            raise UnavailableError(f"savepoint {name!r} took longer than {self.config.max_write_s:g} s between its file and its _metadata; "
-                                   "nothing was published (the file is left to GC), run it again")
-        sp = Manifest(MANIFEST_FORMAT, manifest.job, manifest.checkpoint_id, 0, manifest.created_at_ms, manifest.operators,
-                      manifest.state_versions, (Part(0, NUM_KEY_GROUPS - 1, epoch, 0, layers),), files)
+            raise UnavailableError(
+                f"savepoint {name!r} took longer than {self.config.max_write_s:g} s between its file and its _metadata; "
+                "nothing was published (the file is left to GC), run it again"
+            )
+        sp = Manifest(
+            MANIFEST_FORMAT,
+            manifest.job,
+            manifest.checkpoint_id,
+            0,
+            manifest.created_at_ms,
+            manifest.operators,
+            manifest.state_versions,
+            (Part(0, NUM_KEY_GROUPS - 1, epoch, 0, layers),),
+            files,
+        )
         extra = {"savepoint": {"name": name, "source_store": self.store.uri, "created_at_ms": self._now_ms()}}
         try:
             target.put_if_absent(base + SAVEPOINT_MANIFEST, _manifest_json(sp, extra))  # written last: the savepoint exists from here on
@@ -301,8 +338,16 @@ class Lifecycle:
 
     # ---- restore ---------------------------------------------------------------------------------------------
 
-    def restore_job(self, new_job: str, *, savepoint: str | None = None, job: str | None = None, checkpoint_id: int = 0,
-                    source_store: ObjectStore | None = None, progress: Callable[[int, int], None] | None = None) -> Manifest:
+    def restore_job(
+        self,
+        new_job: str,
+        *,
+        savepoint: str | None = None,
+        job: str | None = None,
+        checkpoint_id: int = 0,
+        source_store: ObjectStore | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Manifest:
         """Create checkpoint 1 of a NEW job from a savepoint or a checkpoint: every file copied (checksum verified) into its data/.
 
         Workers of the new job then acquire any key-group ranges and commit checkpoint 2 on top (parent 1).
@@ -347,8 +392,18 @@ class Lifecycle:
                     oldest = self.clock() if oldest is None else oldest
                     # as_of shifted so the source's newest state is checkpoint 1 of the new job and its order of layers is kept
                     as_of = None if entry.as_of is None else entry.as_of - manifest.checkpoint_id + 1
-                    copied[path] = DataFile(renamed[path], entry.kind, entry.kg_lo, entry.kg_hi, entry.rows, entry.size, entry.sha256,
-                                            entry.segments, as_of, entry.encoding)
+                    copied[path] = DataFile(
+                        renamed[path],
+                        entry.kind,
+                        entry.kg_lo,
+                        entry.kg_hi,
+                        entry.rows,
+                        entry.size,
+                        entry.sha256,
+                        entry.segments,
+                        as_of,
+                        entry.encoding,
+                    )
                     if progress is not None:
                         progress(len(copied), len(manifest.files))
                     if self.clock() - oldest > self.config.max_write_s:
@@ -358,12 +413,25 @@ class Lifecycle:
                         written.append(self._hold(new_job, source_part, epoch - holds, created, manifest, copied))
                         oldest = None
                 if oldest is not None and self.clock() - oldest > self.config.max_write_s:
-                    raise UnavailableError(f"copying the files of key groups {source_part.kg_lo}-{source_part.kg_hi} took longer than "
-                                           f"{self.config.max_write_s:g} s; the restore into {new_job} was undone, run it again")
-                part = Part(source_part.kg_lo, source_part.kg_hi, epoch, 0, tuple(tuple(renamed[x] for x in layer) for layer in source_part.layers))
+                    raise UnavailableError(
+                        f"copying the files of key groups {source_part.kg_lo}-{source_part.kg_hi} took longer than "
+                        f"{self.config.max_write_s:g} s; the restore into {new_job} was undone, run it again"
+                    )
+                part = Part(
+                    source_part.kg_lo, source_part.kg_hi, epoch, 0, tuple(tuple(renamed[x] for x in layer) for layer in source_part.layers)
+                )
                 used = {x for layer in source_part.layers for x in layer}
-                one = Manifest(PART_FORMAT, new_job, 1, 0, created, manifest.operators, manifest.state_versions, (part,),
-                               tuple(copied[x] for x in sorted(used)))
+                one = Manifest(
+                    PART_FORMAT,
+                    new_job,
+                    1,
+                    0,
+                    created,
+                    manifest.operators,
+                    manifest.state_versions,
+                    (part,),
+                    tuple(copied[x] for x in sorted(used)),
+                )
                 key = part_key(new_job, 1, part.kg_lo, part.kg_hi, epoch)
                 self.store.put_if_absent(key, one.to_json())
                 written.append(key)
@@ -371,9 +439,20 @@ class Lifecycle:
         except BaseException:
             self._undo_restore(new_job, written + [job_prefix(new_job) + p for p in renamed.values()], claim)
             raise
-        restored = Manifest(MANIFEST_FORMAT, new_job, 1, 0, created, manifest.operators, manifest.state_versions, tuple(parts),
-                            tuple(sorted(copied.values(), key=lambda f: f.path)))
-        origin = {"restored_from": {"savepoint": savepoint} if savepoint else {"job": manifest.job, "checkpoint_id": manifest.checkpoint_id}}
+        restored = Manifest(
+            MANIFEST_FORMAT,
+            new_job,
+            1,
+            0,
+            created,
+            manifest.operators,
+            manifest.state_versions,
+            tuple(parts),
+            tuple(sorted(copied.values(), key=lambda f: f.path)),
+        )
+        origin = {
+            "restored_from": {"savepoint": savepoint} if savepoint else {"job": manifest.job, "checkpoint_id": manifest.checkpoint_id}
+        }
         self.store.put_if_absent(metadata_key(new_job, 1), _manifest_json(restored, origin))
         return restored
 
@@ -382,8 +461,9 @@ class Lifecycle:
         files = tuple(sorted(copied.values(), key=lambda f: f.path))
         held = Part(source_part.kg_lo, source_part.kg_hi, epoch, 0, tuple((f.path,) for f in files))
         key = part_key(new_job, 1, held.kg_lo, held.kg_hi, epoch)
-        self.store.put_if_absent(key, Manifest(PART_FORMAT, new_job, 1, 0, created, manifest.operators, manifest.state_versions,
-                                               (held,), files).to_json())
+        self.store.put_if_absent(
+            key, Manifest(PART_FORMAT, new_job, 1, 0, created, manifest.operators, manifest.state_versions, (held,), files).to_json()
+        )
         return key
 
     def _undo_restore(self, new_job: str, keys: list[str], claim_etag: str) -> None:
@@ -409,12 +489,16 @@ class Lifecycle:
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s:
             raise InvalidArgumentError(f"pin ttl {ttl_s!r} must be a positive number of seconds")
         if ttl_s > self.config.max_pin_ttl_s:
-            raise LimitExceededError(f"pin ttl {ttl_s:g} s is longer than the pool allows ({self.config.max_pin_ttl_s:g} s); renew a shorter pin instead")
+            raise LimitExceededError(
+                f"pin ttl {ttl_s:g} s is longer than the pool allows ({self.config.max_pin_ttl_s:g} s); renew a shorter pin instead"
+            )
         _, manifest, _ = self.open_checkpoint(job, checkpoint_id)
         key = pin_key(job, manifest.checkpoint_id, holder)
         current = self._pin_body(key)
         if current is not None and current.get("owner") != owner and owner is not None:
-            raise PermissionDeniedError(f"pin {holder!r} of checkpoint {manifest.checkpoint_id} is held by another token; pick another holder name")
+            raise PermissionDeniedError(
+                f"pin {holder!r} of checkpoint {manifest.checkpoint_id} is held by another token; pick another holder name"
+            )
         if current is None:
             pins = sum(1 for _ in self.store.list(pin_prefix(job)))
             if pins >= self.config.max_pins_per_job:
@@ -448,7 +532,9 @@ class Lifecycle:
         if not may_unpin_others:
             current = self._pin_body(key)
             if current is not None and current.get("owner") != owner:
-                raise PermissionDeniedError(f"pin {holder!r} of checkpoint {checkpoint_id} was made by another token; removing it needs write access")
+                raise PermissionDeniedError(
+                    f"pin {holder!r} of checkpoint {checkpoint_id} was made by another token; removing it needs write access"
+                )
         self.store.delete(key)
 
     def _live_pins(self, infos: list[ObjectInfo], now_ms: int) -> tuple[set[int], list[str]]:
@@ -509,7 +595,9 @@ class Lifecycle:
                 if cid not in keep_ids:
                     (pinned if cid in held else delete).add(cid)
             latest = current[-1] if current else 0
-            for cid in left_behind:  # complete checkpoints a rewind left behind: gone once the attempt has passed them, past the minimum age
+            for (
+                cid
+            ) in left_behind:  # complete checkpoints a rewind left behind: gone once the attempt has passed them, past the minimum age
                 if cid in held:
                     pinned.add(cid)
                 elif cid < latest and old_enough[cid] and cid not in keep_ids:
@@ -589,7 +677,9 @@ class Lifecycle:
             keyed = reader.part_keyed(manifest, part, part.kg_lo, part.kg_hi)
             ops = reader.operator_view(manifest)  # the checkpoint's whole operator state: a base is as of its checkpoint for every part
             table = pa.concat_tables([keyed, ops.cast(keyed.schema)]) if ops.num_rows else keyed
-            encoded: EncodedFile = encode_datafile(table, changelog=False, target_segment_bytes=_fold_target(table, part.kg_hi - part.kg_lo + 1))
+            encoded: EncodedFile = encode_datafile(
+                table, changelog=False, target_segment_bytes=_fold_target(table, part.kg_hi - part.kg_lo + 1)
+            )
             # written even when empty: the base marks the point its part was folded at (older rows, keyed or operator, are gone)
             path = new_data_path()
             self.store.put_if_absent(job_prefix(job) + path, encoded.data)
@@ -601,16 +691,29 @@ class Lifecycle:
         files = {f.path: f for f in manifest.files if f.path in used} | new_files
         # the files no longer used stay referenced while the checkpoint exists: a commit may have copied them already
         retired = tuple(sorted(manifest.referenced_paths - set(files)))
-        compacted = Manifest(MANIFEST_FORMAT, job, manifest.checkpoint_id, manifest.parent_id, manifest.created_at_ms,
-                             manifest.operators, manifest.state_versions, tuple(new_parts), tuple(sorted(files.values(), key=lambda f: f.path)),
-                             retired)
+        compacted = Manifest(
+            MANIFEST_FORMAT,
+            job,
+            manifest.checkpoint_id,
+            manifest.parent_id,
+            manifest.created_at_ms,
+            manifest.operators,
+            manifest.state_versions,
+            tuple(new_parts),
+            tuple(sorted(files.values(), key=lambda f: f.path)),
+            retired,
+        )
         if self.clock() - started > self.config.max_write_s:
-            raise UnavailableError(f"compaction of checkpoint {manifest.checkpoint_id} of job {job} took longer than "
-                                   f"{self.config.max_write_s:g} s; nothing was replaced (its files are left to GC)")
+            raise UnavailableError(
+                f"compaction of checkpoint {manifest.checkpoint_id} of job {job} took longer than "
+                f"{self.config.max_write_s:g} s; nothing was replaced (its files are left to GC)"
+            )
         try:
             self.store.compare_and_swap(key, _manifest_json(compacted, _extra_fields(raw)), etag)
         except (ConflictError, NotFoundError):
-            raise ConflictError(f"checkpoint {manifest.checkpoint_id} of job {job} changed or was deleted while compacting; nothing was replaced") from None
+            raise ConflictError(
+                f"checkpoint {manifest.checkpoint_id} of job {job} changed or was deleted while compacting; nothing was replaced"
+            ) from None
         if self._on_replaced is not None:
             self._on_replaced(job, manifest.checkpoint_id)
         return CompactionResult(job, manifest.checkpoint_id, tuple(folded), len(new_files), written)
@@ -646,15 +749,26 @@ class Lifecycle:
                 body = json.loads(self.store.get(info.key))
             except (NotFoundError, ValueError):
                 continue
-            pins.append({"checkpoint_id": body.get("checkpoint_id"), "holder": body.get("holder"),
-                         "expires_at_ms": body.get("expires_at_ms"), "expired": body.get("expires_at_ms", 0) <= now})
+            pins.append(
+                {
+                    "checkpoint_id": body.get("checkpoint_id"),
+                    "holder": body.get("holder"),
+                    "expires_at_ms": body.get("expires_at_ms"),
+                    "expired": body.get("expires_at_ms", 0) <= now,
+                }
+            )
         data_bytes = sum(o.size for o in layout.data)
         return {"job": job, "checkpoints": checkpoints, "pins": pins, "data_files": len(layout.data), "data_bytes": data_bytes}
 
     # ---- garbage collection ----------------------------------------------------------------------------------
 
-    def gc(self, job: str | None = None, dry_run: bool = False, max_deletes: int | None = None,
-           progress: Callable[[int, int], None] | None = None) -> GcResult:
+    def gc(
+        self,
+        job: str | None = None,
+        dry_run: bool = False,
+        max_deletes: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> GcResult:
         """Delete data files that nothing references and that are older than gc_min_age_s; one LIST per run.
 
         Referenced: every file named by a complete checkpoint's _metadata or by any staged part (of complete or
@@ -700,7 +814,9 @@ class Lifecycle:
             result.referenced += len(refs)
             _, expired = self._live_pins(layout.pins, now)
             expired_set = set(expired)
-            candidates += _unreferenced_old_enough(layout.data + [p for p in layout.pins if p.key in expired_set], refs, now, min_age, result)
+            candidates += _unreferenced_old_enough(
+                layout.data + [p for p in layout.pins if p.key in expired_set], refs, now, min_age, result
+            )
         for name, infos in sorted(by_savepoint.items()):
             base = savepoint_prefix(name)
             refs = set()
@@ -776,13 +892,32 @@ def manifest_summary(m: Manifest, with_files: bool = True) -> dict:
             part["layer_files"] = [list(layer) for layer in p.layers]
         parts.append(part)
     out = {
-        "job": m.job, "checkpoint_id": m.checkpoint_id, "parent_id": m.parent_id, "complete": m.complete, "created_at_ms": m.created_at_ms,
-        "operators": [{"op_id": o, "uid": u} for o, u in m.operators], "files": len(m.files), "bytes": m.total_bytes,
-        "rows_stored": m.total_rows, "max_layers": max((len(p.layers) for p in m.parts), default=0), "parts": parts,
+        "job": m.job,
+        "checkpoint_id": m.checkpoint_id,
+        "parent_id": m.parent_id,
+        "complete": m.complete,
+        "created_at_ms": m.created_at_ms,
+        "operators": [{"op_id": o, "uid": u} for o, u in m.operators],
+        "files": len(m.files),
+        "bytes": m.total_bytes,
+        "rows_stored": m.total_rows,
+        "max_layers": max((len(p.layers) for p in m.parts), default=0),
+        "parts": parts,
     }
     if with_files:
-        out["file_entries"] = [{"path": f.path, "kind": f.kind, "kg_lo": f.kg_lo, "kg_hi": f.kg_hi, "rows": f.rows, "size": f.size,
-                                "segments": len(f.segments), "sha256": f.sha256} for f in m.files]
+        out["file_entries"] = [
+            {
+                "path": f.path,
+                "kind": f.kind,
+                "kg_lo": f.kg_lo,
+                "kg_hi": f.kg_hi,
+                "rows": f.rows,
+                "size": f.size,
+                "segments": len(f.segments),
+                "sha256": f.sha256,
+            }
+            for f in m.files
+        ]
     return out
 
 

@@ -49,8 +49,12 @@ class PoolMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self.requests = Counter("clink_pool_requests", "Finished RPCs by method and status code", ["method", "code"], registry=self.registry)
-        self.latency = Histogram("clink_pool_request_seconds", "RPC latency by method", ["method"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "clink_pool_requests", "Finished RPCs by method and status code", ["method", "code"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "clink_pool_request_seconds", "RPC latency by method", ["method"], buckets=LATENCY_BUCKETS, registry=self.registry
+        )
         self.bytes_in = Counter("clink_pool_received_bytes", "Serialized request bytes by method", ["method"], registry=self.registry)
         self.bytes_out = Counter("clink_pool_sent_bytes", "Serialized response bytes by method", ["method"], registry=self.registry)
         self._http: object | None = None

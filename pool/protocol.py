@@ -156,8 +156,14 @@ def carried_layers(parent: Manifest | None, kg: KeyGroupRange) -> tuple[list[tup
 class CommitProtocol:
     """Commits and completes checkpoints of any job in one store; stateless but for the readers' caches it is given."""
 
-    def __init__(self, store: ObjectStore, fencing: Fencing, reader: Callable[[str], CheckpointReader], config: PoolConfig,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        fencing: Fencing,
+        reader: Callable[[str], CheckpointReader],
+        config: PoolConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.fencing = fencing
         self.reader = reader
@@ -174,8 +180,18 @@ class CommitProtocol:
 
     # ---- commits ----------------------------------------------------------------------------------------------
 
-    def commit(self, job: str, cid: int, pid: int, kg: KeyGroupRange, epoch: int, delta: pa.Table,
-               operators: tuple[tuple[int, str], ...], versions: str, retry: bool = False) -> CommitResult:
+    def commit(
+        self,
+        job: str,
+        cid: int,
+        pid: int,
+        kg: KeyGroupRange,
+        epoch: int,
+        delta: pa.Table,
+        operators: tuple[tuple[int, str], ...],
+        versions: str,
+        retry: bool = False,
+    ) -> CommitResult:
         """Stage this writer's part of checkpoint ``cid`` and complete the checkpoint if the parts now tile (I1..I7).
 
         ``retry``: the client repeats a commit whose reply it lost; the part an earlier attempt staged is looked for
@@ -201,10 +217,21 @@ class CommitProtocol:
                 files[path] = encoded.entry(path, KIND_DELTA, kg.lo, kg.hi, cid)
                 layers.append((path,))
             if self.clock() - started > self.config.max_commit_s:  # I6: GC's minimum age only protects a commit this long
-                raise UnavailableError(f"commit of checkpoint {cid} key groups {kg} of job {job} took longer than "
-                                       f"{self.config.max_commit_s:g} s; nothing was published, retry")
-            part = Manifest(PART_FORMAT, job, cid, pid, int(self.clock() * 1000), operators, versions,
-                            (Part(kg.lo, kg.hi, epoch, pid, tuple(layers)),), tuple(files.values()))
+                raise UnavailableError(
+                    f"commit of checkpoint {cid} key groups {kg} of job {job} took longer than "
+                    f"{self.config.max_commit_s:g} s; nothing was published, retry"
+                )
+            part = Manifest(
+                PART_FORMAT,
+                job,
+                cid,
+                pid,
+                int(self.clock() * 1000),
+                operators,
+                versions,
+                (Part(kg.lo, kg.hi, epoch, pid, tuple(layers)),),
+                tuple(files.values()),
+            )
             blob = part.to_json()
             try:
                 self.store.put_if_absent(key, blob)
@@ -222,8 +249,10 @@ class CommitProtocol:
             done = self._complete_with(job, cid, kg, epoch)
             if done is not None:  # a completer checked this part's parent before it went, and published it: done
                 return CommitResult(info_of(job, *done), written, repeated)
-            raise NotFoundError(f"parent checkpoint {pid} of job {job} was deleted or replaced while checkpoint {cid} was committed; "
-                                "this part will never complete a checkpoint: restore from a complete checkpoint")
+            raise NotFoundError(
+                f"parent checkpoint {pid} of job {job} was deleted or replaced while checkpoint {cid} was committed; "
+                "this part will never complete a checkpoint: restore from a complete checkpoint"
+            )
         done = self.complete(job, cid, listing, table, deadline=self.clock() + self.config.max_commit_s)
         if done is not None and done[0].part_for(kg.lo, kg.hi, epoch) is not None:
             return CommitResult(info_of(job, *done), written, repeated)
@@ -252,10 +281,13 @@ class CommitProtocol:
                 return ParentSource(staged, key, part_etag, True)
         if manifest is not None:
             return ParentSource(manifest, meta, etag, False)  # restored from it
-        raise NotFoundError(f"parent checkpoint {pid} of job {job} not found (neither complete nor staged by this writer for key groups {kg})")
+        raise NotFoundError(
+            f"parent checkpoint {pid} of job {job} not found (neither complete nor staged by this writer for key groups {kg})"
+        )
 
-    def _repeat(self, job: str, key: str, kg: KeyGroupRange, cid: int, delta_sha: str | None, missing_ok: bool = False,
-                epoch: int | None = None) -> Manifest | None:
+    def _repeat(
+        self, job: str, key: str, kg: KeyGroupRange, cid: int, delta_sha: str | None, missing_ok: bool = False, epoch: int | None = None
+    ) -> Manifest | None:
         """The part already under this name: ours again when its own delta is byte-identical (I7), else a conflict.
 
         ``epoch``: only a part of this epoch is ours (a legacy-named part carries its epoch inside, not in its name).
@@ -270,7 +302,9 @@ class CommitProtocol:
             return None
         staged = own_delta(existing)
         if (staged.sha256 if staged else None) != delta_sha:
-            raise ConflictError(f"key groups {kg} of checkpoint {cid} of job {job} were already committed by this writer with another delta")
+            raise ConflictError(
+                f"key groups {kg} of checkpoint {cid} of job {job} were already committed by this writer with another delta"
+            )
         return existing
 
     def _complete_with(self, job: str, cid: int, kg: KeyGroupRange, epoch: int) -> tuple[Manifest, str] | None:
@@ -324,8 +358,9 @@ class CommitProtocol:
                 out.setdefault((n.kg_lo, n.kg_hi, epoch), StagedName(n.key, n.kg_lo, n.kg_hi, epoch))
         return list(out.values())
 
-    def complete(self, job: str, cid: int, listing: list[StagedName] | None = None, table: WriterTable | None = None,
-                 deadline: float | None = None) -> tuple[Manifest, str] | None:
+    def complete(
+        self, job: str, cid: int, listing: list[StagedName] | None = None, table: WriterTable | None = None, deadline: float | None = None
+    ) -> tuple[Manifest, str] | None:
         """Write _metadata of checkpoint ``cid`` if the valid parts tile 0..127 (I1); (the manifest now in place, its etag), or None.
 
         ``deadline`` (clock seconds): past it nothing is published, as for a commit (I6: retention removes an incomplete
@@ -354,8 +389,10 @@ class CommitProtocol:
                 return None
             manifest = assemble(job, cid, parts)
             if deadline is not None and self.clock() > deadline:
-                raise UnavailableError(f"completing checkpoint {cid} of job {job} took longer than {self.config.max_commit_s:g} s; "
-                                       "nothing was published: repeat the commit to complete it")
+                raise UnavailableError(
+                    f"completing checkpoint {cid} of job {job} took longer than {self.config.max_commit_s:g} s; "
+                    "nothing was published: repeat the commit to complete it"
+                )
             outcome = self._publish(job, cid, manifest)
             if outcome is not None:
                 return outcome
@@ -404,8 +441,18 @@ class CommitProtocol:
         if all(table.holds(p.kg_lo, p.kg_hi, p.epoch) for p in existing.parts):
             return existing, etag
         retired = tuple(sorted(existing.referenced_paths - {f.path for f in manifest.files}))
-        replacement = Manifest(MANIFEST_FORMAT, job, cid, manifest.parent_id, manifest.created_at_ms, manifest.operators,
-                               manifest.state_versions, manifest.parts, manifest.files, retired)
+        replacement = Manifest(
+            MANIFEST_FORMAT,
+            job,
+            cid,
+            manifest.parent_id,
+            manifest.created_at_ms,
+            manifest.operators,
+            manifest.state_versions,
+            manifest.parts,
+            manifest.files,
+            retired,
+        )
         try:
             new_etag = self.store.compare_and_swap(key, replacement.to_json(), etag)
         except (ConflictError, NotFoundError):
@@ -429,8 +476,9 @@ class CommitProtocol:
         return [(n.kg_lo, n.kg_hi) for n in valid], parts
 
 
-def remove_checkpoint(store: ObjectStore, job: str, cid: int, keys: list[str], decided_etag: str | None, stop_at_ms: int,
-                      clock: Callable[[], float]) -> bool:
+def remove_checkpoint(
+    store: ObjectStore, job: str, cid: int, keys: list[str], decided_etag: str | None, stop_at_ms: int, clock: Callable[[], float]
+) -> bool:
     """Delete a checkpoint announced as retiring: _metadata first (it vanishes atomically), then the rest as listed.
 
     Stops (False) once the clock passes ``stop_at_ms``, well inside the announcement's lease: past the lease a restore
@@ -456,8 +504,13 @@ def assemble(job: str, cid: int, parts: list[Manifest]) -> Manifest:
     files = {f.path: f for p in parts for f in p.files}
     ops = {o: u for p in parts for o, u in p.operators}
     return Manifest(
-        MANIFEST_FORMAT, job, cid, max(p.parent_id for p in parts), max(p.created_at_ms for p in parts),
-        tuple(sorted(ops.items())), merge_versions(p.state_versions for p in parts),
-        tuple(p.parts[0] for p in parts), tuple(sorted(files.values(), key=lambda f: f.path)),
+        MANIFEST_FORMAT,
+        job,
+        cid,
+        max(p.parent_id for p in parts),
+        max(p.created_at_ms for p in parts),
+        tuple(sorted(ops.items())),
+        merge_versions(p.state_versions for p in parts),
+        tuple(p.parts[0] for p in parts),
+        tuple(sorted(files.values(), key=lambda f: f.path)),
     )
-

@@ -133,8 +133,13 @@ class PoolServer:
         """Bind, register the services and start serving; UnavailableError if the address cannot be bound."""
         # the token and the limits are checked on grpc's serving thread, before a call is queued or its request decoded
         auth = AuthInterceptor(self.config.tokens) if self.config.tokens else None
-        status = StatusInterceptor(self.metrics, admit=auth.authenticate if auth else None, admission=self.admission, open_methods=OPEN_METHODS,
-                                   redact=store_redactor(self.store.uri))
+        status = StatusInterceptor(
+            self.metrics,
+            admit=auth.authenticate if auth else None,
+            admission=self.admission,
+            open_methods=OPEN_METHODS,
+            redact=store_redactor(self.store.uri),
+        )
         self._executor = LaneExecutor(self.config.max_workers, self.config.admission)
         server = grpc.server(
             self._executor,
@@ -144,10 +149,14 @@ class PoolServer:
         )
         add_to_server(RemotePoolServicer(self.core, lifecycle_config=self.config.lifecycle), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+        )
         try:
             tls = self.config.tls
-            port = server.add_secure_port(self.config.listen, tls.grpc_credentials()) if tls else server.add_insecure_port(self.config.listen)
+            port = (
+                server.add_secure_port(self.config.listen, tls.grpc_credentials()) if tls else server.add_insecure_port(self.config.listen)
+            )
         except RuntimeError as exc:
             raise UnavailableError(f"cannot listen on {self.config.listen}: {exc}") from None
         if not port:
@@ -161,8 +170,15 @@ class PoolServer:
         if self.config.http_port is not None:
             from pool.http_export import start_http_export
 
-            self.http_export = start_http_export(self.core, self.config.metrics_host, self.config.http_port, tls=self.config.tls, tokens=self.config.tokens,
-                                                  max_exports=self.config.max_http_exports, redact=store_redactor(self.store.uri))
+            self.http_export = start_http_export(
+                self.core,
+                self.config.metrics_host,
+                self.config.http_port,
+                tls=self.config.tls,
+                tokens=self.config.tokens,
+                max_exports=self.config.max_http_exports,
+                redact=store_redactor(self.store.uri),
+            )
         server.start()
         self._server = server
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -86,8 +86,7 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
     def __init__(self, core: PoolCore, lifecycle: Lifecycle | None = None, lifecycle_config: LifecycleConfig | None = None) -> None:
         self.core = core
         # lifecycle RPCs share the core's cache; a compaction makes the core forget the replaced manifest
-        self.lifecycle = lifecycle or Lifecycle(core.store, lifecycle_config, cache=core.cache,
-                                                on_manifest_replaced=core.forget_manifest)
+        self.lifecycle = lifecycle or Lifecycle(core.store, lifecycle_config, cache=core.cache, on_manifest_replaced=core.forget_manifest)
 
     def AcquireWriter(self, request: pb.AcquireWriterRequest, context: grpc.ServicerContext) -> pb.AcquireWriterResponse:
         restore_from = request.restore_from if request.HasField("restore_from") else None
@@ -100,7 +99,9 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
             got = "an empty stream" if first is None else f"a {first.WhichOneof('part') or 'empty'} chunk"
             raise InvalidArgumentError(f"CommitCheckpoint: the first message must be the header, got {got}")
         result = self.core.commit_checkpoint(_commit_request(first.header), _delta_chunks(request_iterator), holder=_holder())
-        return pb.CommitCheckpointResponse(checkpoint=_info(result.checkpoint), bytes_written=result.bytes_written, repeated=result.repeated)
+        return pb.CommitCheckpointResponse(
+            checkpoint=_info(result.checkpoint), bytes_written=result.bytes_written, repeated=result.repeated
+        )
 
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
         manifest, etag = self.core.resolve(request.job, request.checkpoint_id, request.manifest_etag or None)
@@ -121,8 +122,16 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
     def ScanCheckpoint(self, request: pb.ScanCheckpointRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         key_groups = _range(request.key_groups) if request.HasField("key_groups") else None
         # each chunk already encoded as a ScanChunk message: upb would otherwise copy every MiB twice (see add_to_server)
-        chunks = self.core.scan(request.job, request.checkpoint_id, key_groups, list(request.op_ids), request.delta or None,
-                                frame=length_delimited_field_1, manifest_etag=request.manifest_etag or None, holder=_holder())
+        chunks = self.core.scan(
+            request.job,
+            request.checkpoint_id,
+            key_groups,
+            list(request.op_ids),
+            request.delta or None,
+            frame=length_delimited_field_1,
+            manifest_etag=request.manifest_etag or None,
+            holder=_holder(),
+        )
         yield from chunks
 
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:
@@ -144,32 +153,53 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         # under the job's own prefix: a job's token cannot create, squat or probe the names of another job's savepoints
         info = self.lifecycle.savepoint(request.job, request.checkpoint_id, request.name, under_job=True)
         # relative to the pool's store: the store's URI (bucket, prefix) is the operator's, not the caller's
-        return pb.SavepointResponse(name=info.name, checkpoint_id=info.checkpoint_id, files=info.files, bytes=info.bytes, rows=info.rows,
-                                    location=savepoint_prefix(info.name))
+        return pb.SavepointResponse(
+            name=info.name,
+            checkpoint_id=info.checkpoint_id,
+            files=info.files,
+            bytes=info.bytes,
+            rows=info.rows,
+            location=savepoint_prefix(info.name),
+        )
 
     def PinCheckpoint(self, request: pb.PinCheckpointRequest, context: grpc.ServicerContext) -> pb.PinCheckpointResponse:
         grant = caller()  # a pin belongs to the token that made it
-        checkpoint_id, expires = self.lifecycle.pin(request.job, request.checkpoint_id, request.holder, request.ttl_seconds,
-                                                    owner=grant.identity if grant else None)
+        checkpoint_id, expires = self.lifecycle.pin(
+            request.job, request.checkpoint_id, request.holder, request.ttl_seconds, owner=grant.identity if grant else None
+        )
         return pb.PinCheckpointResponse(checkpoint_id=checkpoint_id, expires_at_ms=expires)
 
     def UnpinCheckpoint(self, request: pb.UnpinCheckpointRequest, context: grpc.ServicerContext) -> pb.UnpinCheckpointResponse:
         grant = caller()  # another token's pin needs write access to go
-        self.lifecycle.unpin(request.job, request.checkpoint_id, request.holder, owner=grant.identity if grant else None,
-                             may_unpin_others=grant is None or WRITE in grant.access)
+        self.lifecycle.unpin(
+            request.job,
+            request.checkpoint_id,
+            request.holder,
+            owner=grant.identity if grant else None,
+            may_unpin_others=grant is None or WRITE in grant.access,
+        )
         return pb.UnpinCheckpointResponse()
 
     def CompactCheckpoint(self, request: pb.CompactCheckpointRequest, context: grpc.ServicerContext) -> pb.CompactCheckpointResponse:
         res = self.lifecycle.compact(request.job, request.checkpoint_id, request.force)
-        return pb.CompactCheckpointResponse(checkpoint_id=res.checkpoint_id, folded=[pb.KeyGroupRange(lo=lo, hi=hi) for lo, hi, _ in res.folded],
-                                            files_written=res.files_written, bytes_written=res.bytes_written)
+        return pb.CompactCheckpointResponse(
+            checkpoint_id=res.checkpoint_id,
+            folded=[pb.KeyGroupRange(lo=lo, hi=hi) for lo, hi, _ in res.folded],
+            files_written=res.files_written,
+            bytes_written=res.bytes_written,
+        )
 
     def CollectGarbage(self, request: pb.CollectGarbageRequest, context: grpc.ServicerContext) -> pb.CollectGarbageResponse:
         if not request.job:
             raise InvalidArgumentError("CollectGarbage: job is required (a store-wide GC runs with `clink-pool gc`)")
         res = self.lifecycle.gc(request.job, request.dry_run)
-        return pb.CollectGarbageResponse(deleted=res.deleted, deleted_bytes=res.deleted_bytes, listed_objects=res.listed_objects,
-                                         referenced=res.referenced, too_young=res.too_young)
+        return pb.CollectGarbageResponse(
+            deleted=res.deleted,
+            deleted_bytes=res.deleted_bytes,
+            listed_objects=res.listed_objects,
+            referenced=res.referenced,
+            too_young=res.too_young,
+        )
 
 
 def _encoded(message: bytes) -> bytes:
@@ -250,8 +280,10 @@ def _bounded(deserialize, core: PoolCore):
 
     def decode(raw: bytes) -> pb.MultiGetRequest:
         if len(raw) > limit:
-            raise LimitExceededError(f"a MultiGet request of {len(raw)} bytes; with --max-multiget-keys {config.max_multiget_keys} and "
-                                     f"--max-multiget-key-mb {config.max_multiget_key_bytes >> 20} the pool takes at most {limit}: split it")
+            raise LimitExceededError(
+                f"a MultiGet request of {len(raw)} bytes; with --max-multiget-keys {config.max_multiget_keys} and "
+                f"--max-multiget-key-mb {config.max_multiget_key_bytes >> 20} the pool takes at most {limit}: split it"
+            )
         return deserialize(raw)
 
     return decode
@@ -278,7 +310,8 @@ def add_to_server(servicer: RemotePoolServicer, server: grpc.Server) -> None:
     pb_grpc.add_RemotePoolServicer_to_server(servicer, capture)
     handlers = dict(capture.handlers)
     handlers["ScanCheckpoint"] = handlers["ScanCheckpoint"]._replace(response_serializer=_encoded)
-    handlers["MultiGet"] = handlers["MultiGet"]._replace(response_serializer=_encoded,
-                                                         request_deserializer=_bounded(handlers["MultiGet"].request_deserializer, servicer.core))
+    handlers["MultiGet"] = handlers["MultiGet"]._replace(
+        response_serializer=_encoded, request_deserializer=_bounded(handlers["MultiGet"].request_deserializer, servicer.core)
+    )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

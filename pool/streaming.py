@@ -42,7 +42,9 @@ def length_delimited_field_1(size: int) -> bytes:
             return bytes(out)
 
 
-def stream_chunks(writer: SnapshotArrowWriter, table: pa.Table, chunk_bytes: int, frame: Callable[[int], bytes] | None = None) -> Iterator[bytes]:
+def stream_chunks(
+    writer: SnapshotArrowWriter, table: pa.Table, chunk_bytes: int, frame: Callable[[int], bytes] | None = None
+) -> Iterator[bytes]:
     """The bytes ``writer.write(table)`` would produce, as chunks of ``chunk_bytes`` (the last may be shorter).
 
     Only one chunk is copied at a time: the stream's large pieces are the table's own buffers, so peak

@@ -70,7 +70,9 @@ class Fencing:
                     raise NotFoundError(f"checkpoint {base} of job {job} is being deleted (retention or a delete); restore from another")
                 # checked between reading the table and swapping it: a removal announced meanwhile makes the swap fail
                 if not self.store.exists(metadata_key(job, base)):
-                    raise NotFoundError(f"checkpoint {base} of job {job} is not complete (deleted, or never completed); nothing to restore from")
+                    raise NotFoundError(
+                        f"checkpoint {base} of job {job} is not complete (deleted, or never completed); nothing to restore from"
+                    )
             return table.with_writer(key_groups.lo, key_groups.hi, base, now)
 
         return self._update(job, change, f"register a writer for key groups {key_groups}")
@@ -109,8 +111,9 @@ class Fencing:
 
     def unretire(self, job: str, owner: str) -> None:
         """Withdraw ``owner``'s removal intents (best effort: an intent also expires by itself); other removals' stay."""
-        self._update(job, lambda t: (t.without_retiring(owner) if any(r[2] == owner for r in t.retiring) else None, None),
-                     "withdraw a removal")
+        self._update(
+            job, lambda t: (t.without_retiring(owner) if any(r[2] == owner for r in t.retiring) else None, None), "withdraw a removal"
+        )
 
     def check(self, job: str, key_groups: KeyGroupRange, epoch: int) -> WriterTable:
         """Raise FencedError unless ``epoch`` still owns ``key_groups``; returns the table read."""

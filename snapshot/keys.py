@@ -98,7 +98,9 @@ def leading_bytes(key_bytes: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if isinstance(key_bytes, pa.ChunkedArray):
         if key_bytes.num_chunks == 0:
             return np.zeros(0, dtype=np.uint8)
-        return np.concatenate([leading_bytes(c) for c in key_bytes.chunks]) if key_bytes.num_chunks > 1 else leading_bytes(key_bytes.chunk(0))
+        return (
+            np.concatenate([leading_bytes(c) for c in key_bytes.chunks]) if key_bytes.num_chunks > 1 else leading_bytes(key_bytes.chunk(0))
+        )
     n = len(key_bytes)
     if n == 0:
         return np.zeros(0, dtype=np.uint8)

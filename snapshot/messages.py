@@ -93,12 +93,18 @@ def check_message(message: ipc.Message, index: int) -> int:
     if kind == _HEADER_DICTIONARY:
         raise CorruptSnapshotError(f"message {index} is a dictionary batch; snapshot streams hold no dictionary-encoded columns")
     if kind != _HEADER_RECORD_BATCH:
-        raise CorruptSnapshotError(f"message {index} is of header type {kind}; after the schema a snapshot stream holds record batches only")
+        raise CorruptSnapshotError(
+            f"message {index} is of header type {kind}; after the schema a snapshot stream holds record batches only"
+        )
     if compressed:
-        raise CorruptSnapshotError(f"record batch {index} is compressed; the snapshot format never compresses batches (refused before decoding)")
+        raise CorruptSnapshotError(
+            f"record batch {index} is compressed; the snapshot format never compresses batches (refused before decoding)"
+        )
     body = message.body.size if message.body is not None else 0
     if rows is None or rows < 0 or rows * MIN_ROW_BYTES > body:
-        raise CorruptSnapshotError(f"record batch {index} declares {rows} rows in {body} body bytes; each row needs at least {MIN_ROW_BYTES}")
+        raise CorruptSnapshotError(
+            f"record batch {index} declares {rows} rows in {body} body bytes; each row needs at least {MIN_ROW_BYTES}"
+        )
     return body
 
 

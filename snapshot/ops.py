@@ -152,8 +152,10 @@ def merge_tables(tables: Iterable[pa.Table]) -> pa.Table:
     starts = _group_starts(sorted_keys)
     group = np.cumsum(starts) - 1
     values = table.column("value_bytes").combine_chunks().take(pa.array(idx))
-    is8 = (pc.binary_length(values).to_numpy(zero_copy_only=False) == 8)
-    op_state = leading_bytes(table.column("key_bytes").take(pa.array(idx))) >= NUM_KEY_GROUPS  # 128 and up is operator state, as in the filter
+    is8 = pc.binary_length(values).to_numpy(zero_copy_only=False) == 8
+    op_state = (
+        leading_bytes(table.column("key_bytes").take(pa.array(idx))) >= NUM_KEY_GROUPS
+    )  # 128 and up is operator state, as in the filter
     # a group takes the greatest int64 only when it is operator state and every value in it is 8 bytes
     group_all8 = np.minimum.reduceat(is8, np.flatnonzero(starts))[group]
     by_value = op_state & group_all8
@@ -186,5 +188,3 @@ def merge_snapshot_bytes(blobs: Iterable[Bytesish]) -> bytes:
     source = next((s for s, t in zip(snaps, tables, strict=False) if t.num_rows), snaps[0] if snaps else None)
     writer = SnapshotArrowWriter(source.state_versions, source.extra_metadata) if source else SnapshotArrowWriter()
     return writer.write(merge_tables(tables))
-
-

@@ -130,7 +130,14 @@ def _check_range(key_groups: tuple[int, int] | None) -> tuple[int, int]:
 def _as_puts(table: pa.Table) -> pa.Table:
     """A canonical table as a changelog of puts."""
     kinds = pa.array(np.ones(table.num_rows, dtype=np.uint8))
-    return pa.table({"row_kind": kinds, "op_id": table.column("op_id"), "key_bytes": table.column("key_bytes"), "value_bytes": table.column("value_bytes")})
+    return pa.table(
+        {
+            "row_kind": kinds,
+            "op_id": table.column("op_id"),
+            "key_bytes": table.column("key_bytes"),
+            "value_bytes": table.column("value_bytes"),
+        }
+    )
 
 
 def _live(changelog: pa.Table) -> pa.Table:
@@ -150,7 +157,9 @@ def _live_piece(changelog: pa.Table) -> Piece:
     erased = pc.equal(changelog.column("row_kind"), ROW_ERASE)
     if not pc.any(erased).as_py():
         return table, None
-    return table, ~erased.to_numpy(zero_copy_only=False) if isinstance(erased, pa.Array) else ~np.concatenate([c.to_numpy(zero_copy_only=False) for c in erased.chunks])
+    return table, ~erased.to_numpy(zero_copy_only=False) if isinstance(erased, pa.Array) else ~np.concatenate(
+        [c.to_numpy(zero_copy_only=False) for c in erased.chunks]
+    )
 
 
 def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -227,7 +236,11 @@ def _overlay_pieces(pieces: list[Piece], changelog: pa.Table) -> list[Piece]:
         if table.num_rows == 0:
             continue
         cand = pc.is_in(table.column("key_bytes"), value_set=r_keys)  # one hash table for every chunk
-        cand_np = np.concatenate([c.to_numpy(zero_copy_only=False) for c in cand.chunks]) if isinstance(cand, pa.ChunkedArray) else cand.to_numpy(zero_copy_only=False)
+        cand_np = (
+            np.concatenate([c.to_numpy(zero_copy_only=False) for c in cand.chunks])
+            if isinstance(cand, pa.ChunkedArray)
+            else cand.to_numpy(zero_copy_only=False)
+        )
         if mask is not None:
             cand_np &= mask
         idx = np.flatnonzero(cand_np)
@@ -369,7 +382,9 @@ class KeyIndex:
         """Where each bucket (the top bits of a hash) starts in the sorted hashes, with n appended: ~1 hash per bucket."""
         bits = self._bucket_bits
         bounds = np.arange(1 << bits, dtype=np.uint64) << np.uint64(64 - bits)
-        return np.append(np.searchsorted(self.hashes, bounds, side="left"), len(self.hashes)).astype(np.int32 if len(self.hashes) < 2**31 else np.int64)
+        return np.append(np.searchsorted(self.hashes, bounds, side="left"), len(self.hashes)).astype(
+            np.int32 if len(self.hashes) < 2**31 else np.int64
+        )
 
     def _first_at_least(self, q_hashes: np.ndarray) -> np.ndarray:
         """np.searchsorted(hashes, q, "left") in about two memory reads per query: the bucket's start, then a short walk.
@@ -532,7 +547,9 @@ class CheckpointReader:
             data, current = self.store.get_with_etag(key)
         except NotFoundError:
             self.forget(checkpoint_id)
-            raise NotFoundError(f"checkpoint {checkpoint_id} of job {self.job} not found (no complete manifest in {self.store.uri})") from None
+            raise NotFoundError(
+                f"checkpoint {checkpoint_id} of job {self.job} not found (no complete manifest in {self.store.uri})"
+            ) from None
         with self._lock:
             cached = self._manifests.get(checkpoint_id)
         if cached is not None and cached[1] == current:
@@ -579,7 +596,9 @@ class CheckpointReader:
                     span = pa.py_buffer(self._get_range(key, entry, start, length))
                     for j in members:
                         rel = wanted[j].offset - start
-                        blobs[j] = span.slice(min(rel, span.size), max(0, min(wanted[j].length, span.size - rel)))  # short read: caught below
+                        blobs[j] = span.slice(
+                            min(rel, span.size), max(0, min(wanted[j].length, span.size - rel))
+                        )  # short read: caught below
                         verify_segment(entry, wanted[j], blobs[j])
             # segments of a big read are not kept: they would pin the whole read in memory (a scan keeps its result instead)
             keep = sum(b.size for b in blobs) <= self.cache.max_bytes // 8
@@ -751,7 +770,9 @@ class CheckpointReader:
 
     # ---- public reads -----------------------------------------------------------------------------------------
 
-    def read_manifest_table(self, manifest: Manifest, key_groups: tuple[int, int] | None = None, op_ids: Sequence[int] | None = None) -> pa.Table:
+    def read_manifest_table(
+        self, manifest: Manifest, key_groups: tuple[int, int] | None = None, op_ids: Sequence[int] | None = None
+    ) -> pa.Table:
         """Canonical rows of a loaded manifest: keyed rows of the range part by part, then operator-state rows."""
         lo, hi = _check_range(key_groups)
         ops = tuple(sorted(set(op_ids))) if op_ids else ()
@@ -788,12 +809,16 @@ class CheckpointReader:
                 self._bounds[entry.path] = found
         return found
 
-    def lookup(self, manifest: Manifest, op_ids: Sequence[int] | np.ndarray, keys: Sequence[bytes] | pa.Array) -> tuple[np.ndarray, list[bytes]]:
+    def lookup(
+        self, manifest: Manifest, op_ids: Sequence[int] | np.ndarray, keys: Sequence[bytes] | pa.Array
+    ) -> tuple[np.ndarray, list[bytes]]:
         """Point reads: (found mask, values) answered by the newest layer holding each key; erases hide older values."""
         found, values = self.lookup_values(manifest, op_ids, keys)
         return found, values.to_pylist()
 
-    def lookup_values(self, manifest: Manifest, op_ids: Sequence[int] | np.ndarray, keys: Sequence[bytes] | pa.Array) -> tuple[np.ndarray, pa.Array]:
+    def lookup_values(
+        self, manifest: Manifest, op_ids: Sequence[int] | np.ndarray, keys: Sequence[bytes] | pa.Array
+    ) -> tuple[np.ndarray, pa.Array]:
         """Point reads like lookup, with the values as one binary array without nulls (b"" where not found), for callers that encode in bulk."""
         n = len(keys)
         if len(op_ids) != n:

@@ -151,7 +151,10 @@ def encode_datafile(
                 segments.append(Segment(stop - length, length, end - start, 0, lo, hi, is_op))
     data = sink.getvalue().to_pybytes()
     view = memoryview(data)
-    segments = [Segment(g.offset, g.length, g.rows, zlib.crc32(view[g.offset : g.offset + g.length]), g.kg_lo, g.kg_hi, g.operator) for g in segments]
+    segments = [
+        Segment(g.offset, g.length, g.rows, zlib.crc32(view[g.offset : g.offset + g.length]), g.kg_lo, g.kg_hi, g.operator)
+        for g in segments
+    ]
     return EncodedFile(data, n, hashlib.sha256(data).hexdigest(), tuple(segments))
 
 
@@ -187,7 +190,9 @@ def decode_segment(entry: DataFile, segment: Segment, data: bytes | pa.Buffer) -
         except (pa.ArrowException, OSError, ValueError, CorruptSnapshotError) as exc:
             raise CorruptDataError(f"data file {entry.path}: segment at offset {segment.offset} does not decode: {exc}") from None
         if batch.num_rows != segment.rows:
-            raise CorruptDataError(f"data file {entry.path}: segment at offset {segment.offset} holds {batch.num_rows} rows, manifest says {segment.rows}")
+            raise CorruptDataError(
+                f"data file {entry.path}: segment at offset {segment.offset} holds {batch.num_rows} rows, manifest says {segment.rows}"
+            )
         return pa.Table.from_batches([batch])
     try:
         snap = read_snapshot(data)

@@ -15,8 +15,18 @@ from store.layout import checkpoint_prefix, job_prefix, metadata_key, part_key, 
 from store.objects import validate_key
 
 __all__ = [
-    "MANIFEST_FORMAT", "MANIFEST_VERSION", "PART_FORMAT", "Manifest", "Part", "checkpoint_prefix", "job_prefix",
-    "metadata_key", "parse_manifest", "part_key", "tiles", "writers_key",
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "PART_FORMAT",
+    "Manifest",
+    "Part",
+    "checkpoint_prefix",
+    "job_prefix",
+    "metadata_key",
+    "parse_manifest",
+    "part_key",
+    "tiles",
+    "writers_key",
 ]
 
 MANIFEST_FORMAT = "clink.checkpoint-manifest"
@@ -211,7 +221,15 @@ def _parse_segment(p: _Parser, raw: Any, where: str, size: int) -> Segment:
     length = p.int_(d, "length", where, 1)
     if offset + length > size:
         raise p.fail(f"{where} ends at {offset + length}, past the file size {size}")
-    return Segment(offset, length, p.int_(d, "rows", where), p.int_(d, "crc32", where, 0, 0xFFFFFFFF), lo, hi if not operator else NUM_KEY_GROUPS - 1, operator)
+    return Segment(
+        offset,
+        length,
+        p.int_(d, "rows", where),
+        p.int_(d, "crc32", where, 0, 0xFFFFFFFF),
+        lo,
+        hi if not operator else NUM_KEY_GROUPS - 1,
+        operator,
+    )
 
 
 def _parse_file(p: _Parser, raw: Any, where: str) -> DataFile:

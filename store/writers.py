@@ -77,8 +77,14 @@ class WriterTable:
             best = {b: e for b, e in restores}
             best[base] = epoch
             restores = tuple(sorted(best.items(), key=lambda r: r[1])[-MAX_RESTORE_RECORDS:])
-        table = replace(self, next_epoch=epoch + 1, writers=(*kept, Writer(kg_lo, kg_hi, epoch, base)), restores=tuple(sorted(restores)),
-                        retiring=self._live_retiring(now_ms), serial=self.serial + 1)
+        table = replace(
+            self,
+            next_epoch=epoch + 1,
+            writers=(*kept, Writer(kg_lo, kg_hi, epoch, base)),
+            restores=tuple(sorted(restores)),
+            retiring=self._live_retiring(now_ms),
+            serial=self.serial + 1,
+        )
         return table, epoch
 
     def _live_retiring(self, now_ms: int) -> tuple[tuple[int, int, str], ...]:

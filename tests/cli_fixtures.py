@@ -11,7 +11,9 @@ from click.testing import CliRunner
 
 import snapshot as s
 
-VECTORS = Path(__file__).resolve().parents[1] / "format-vectors"  # a copy of ../shared/format-vectors (test_format_vectors checks they agree)
+VECTORS = (
+    Path(__file__).resolve().parents[1] / "format-vectors"
+)  # a copy of ../shared/format-vectors (test_format_vectors checks they agree)
 UIDS = ("source", "window", "sink")
 OP_IDS = {uid: s.operator_id(uid) for uid in UIDS}
 OPERATOR_PAIRS = tuple((OP_IDS[u], u) for u in UIDS)

@@ -53,7 +53,9 @@ def in_range(model: Model, lo: int, hi: int) -> Model:
 
 def table_model(table: pa.Table) -> Model:
     """A canonical table as a model; asserts one row per key."""
-    rows = zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), table.column("value_bytes").to_pylist(), strict=True)
+    rows = zip(
+        table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), table.column("value_bytes").to_pylist(), strict=True
+    )
     out = {(o, k): v for o, k, v in rows}
     assert len(out) == table.num_rows, "a key appears twice"
     return out

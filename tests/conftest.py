@@ -22,7 +22,7 @@ import pytest
 from store.local import FileStore
 from store.objects import ObjectStore, StoreConfig
 
-pytest_plugins = ["tests.seaweed_fixtures"]
+pytest_plugins = ["tests.seaweed_fixtures", "tests.client_fixtures"]  # fixtures shared by modules, never imported by name
 
 
 @pytest.fixture(scope="session")

@@ -28,10 +28,31 @@ class PoolProcess:
     """`python -m clink.cli.pool serve` on a store URI, killable with SIGKILL."""
 
     def __init__(self, store_uri: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
-        cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", store_uri, "--listen", "127.0.0.1:0", "--output", "json",
-               "--log-level", "warning", "--grace", "0", *extra]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        cmd = [
+            sys.executable,
+            "-m",
+            "clink.cli.pool",
+            "serve",
+            "--store",
+            store_uri,
+            "--listen",
+            "127.0.0.1:0",
+            "--output",
+            "json",
+            "--log-level",
+            "warning",
+            "--grace",
+            "0",
+            *extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
         line = self.proc.stdout.readline()
         if not line:
             self.proc.kill()
@@ -63,12 +84,14 @@ def delta_rows(cid: int, half: int, n: int) -> list[tuple[int, int, bytes, bytes
 
 def changelog(rows: list[tuple[int, int, bytes, bytes]]) -> bytes:
     """A changelog stream of the rows."""
-    table = pa.table({
-        "row_kind": pa.array([r[0] for r in rows], pa.uint8()),
-        "op_id": pa.array([r[1] for r in rows], pa.uint64()),
-        "key_bytes": pa.array([r[2] for r in rows], pa.binary()),
-        "value_bytes": pa.array([r[3] for r in rows], pa.binary()),
-    })
+    table = pa.table(
+        {
+            "row_kind": pa.array([r[0] for r in rows], pa.uint8()),
+            "op_id": pa.array([r[1] for r in rows], pa.uint64()),
+            "key_bytes": pa.array([r[2] for r in rows], pa.binary()),
+            "value_bytes": pa.array([r[3] for r in rows], pa.binary()),
+        }
+    )
     return snapshot.write_snapshot(table, changelog=True)
 
 
@@ -92,7 +115,7 @@ def scan_model(blob: bytes) -> Model:
 def orphans(store: ObjectStore, job: str) -> tuple[set[str], set[str]]:
     """(data files no complete manifest names, data files complete manifests name) under the job's prefix."""
     prefix = job_prefix(job)
-    data = {o.key[len(prefix):] for o in store.list(prefix + "data/")}
+    data = {o.key[len(prefix) :] for o in store.list(prefix + "data/")}
     referenced: set[str] = set()
     for o in store.list(prefix):
         if o.key.endswith("/_metadata"):

@@ -39,8 +39,23 @@ class ServePool:
     """One `clink-pool serve` subprocess on a file:// store; its JSON ready line gives the bound address."""
 
     def __init__(self, store_dir: Path, log: Path, extra: tuple[str, ...] = ()) -> None:
-        cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", f"file://{store_dir}", "--listen", "127.0.0.1:0",
-               "--output", "json", "--grace", "1", "--gc-min-age-s", "0", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "clink.cli.pool",
+            "serve",
+            "--store",
+            f"file://{store_dir}",
+            "--listen",
+            "127.0.0.1:0",
+            "--output",
+            "json",
+            "--grace",
+            "1",
+            "--gc-min-age-s",
+            "0",
+            *extra,
+        ]
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=self._log)
         lines: queue.Queue[bytes] = queue.Queue()
@@ -71,7 +86,13 @@ def merged(writes: list[dict[Key, bytes | None]]) -> dict[Key, bytes | None]:
     out: dict[Key, bytes | None] = {}
     for key in {k for w in writes for k in w}:
         puts = [w[key] for w in writes if key in w and w[key] is not None]
-        out[key] = None if not puts else max(puts, key=lambda v: int.from_bytes(v, "little", signed=True)) if all(len(v) == 8 for v in puts) else puts[0]
+        out[key] = (
+            None
+            if not puts
+            else max(puts, key=lambda v: int.from_bytes(v, "little", signed=True))
+            if all(len(v) == 8 for v in puts)
+            else puts[0]
+        )
     return out
 
 
@@ -102,8 +123,10 @@ class History:
         self.steps: list[str] = []
 
     def fail(self, what: str) -> None:
-        raise AssertionError(f"seed {self.seed}: {what}\n  steps: {' | '.join(self.steps[-15:])}\n"
-                             f"  replay: python bench/histories.py --start {self.seed} --seeds 1")
+        raise AssertionError(
+            f"seed {self.seed}: {what}\n  steps: {' | '.join(self.steps[-15:])}\n"
+            f"  replay: python bench/histories.py --start {self.seed} --seeds 1"
+        )
 
     def split(self) -> list[tuple[int, int]]:
         n = self.rng.choice([1, 2, 3, 4, 8])
@@ -118,7 +141,9 @@ class History:
             w.backend.close()
         self.workers = []
         for lo, hi in self.split():
-            backend = RemoteReadBackend.connect(self.address, self.job, (lo, hi), BackendConfig(retry=FAST, cache_bytes=self.rng.choice([0, 1 << 16])))
+            backend = RemoteReadBackend.connect(
+                self.address, self.job, (lo, hi), BackendConfig(retry=FAST, cache_bytes=self.rng.choice([0, 1 << 16]))
+            )
             worker = Worker(backend, lo, hi)
             if base:
                 backend.restore(base)
@@ -133,7 +158,11 @@ class History:
             op = self.rng.choice(OPS)
             if self.rng.random() < 0.25:
                 key = (op, s.encode_operator_key("o", self.rng.choice(NAMES)))
-                value = None if self.rng.random() < 0.4 else (self.rng.randrange(1000).to_bytes(8, "little") if self.rng.random() < 0.5 else b"t%d" % self.rng.randrange(99))
+                value = (
+                    None
+                    if self.rng.random() < 0.4
+                    else (self.rng.randrange(1000).to_bytes(8, "little") if self.rng.random() < 0.5 else b"t%d" % self.rng.randrange(99))
+                )
                 if value is None:
                     w.backend.erase(*key)
                 else:
@@ -155,7 +184,9 @@ class History:
         self.rng.shuffle(order)
         results = [w.backend.snapshot(cid) for w in order]
         if not results[-1].checkpoint.complete or any(r.checkpoint.complete for r in results[:-1]):
-            self.fail(f"checkpoint {cid}: only the last of {len(order)} commits should complete it, got {[r.checkpoint.complete for r in results]}")
+            self.fail(
+                f"checkpoint {cid}: only the last of {len(order)} commits should complete it, got {[r.checkpoint.complete for r in results]}"
+            )
         state = dict(self.states.get(parent, {})) if parent else {}
         state = {k: v for k, v in state.items() if k[1][0] >= 128}
         for w in self.workers:
@@ -174,8 +205,13 @@ class History:
     def verify(self) -> None:
         for cid in self.lineage:
             got = s.read_snapshot(self.pool.scan_checkpoint(self.job, cid)).table
-            table = dict(zip(zip(got.column("op_id").to_pylist(), got.column("key_bytes").to_pylist(), strict=True),
-                             got.column("value_bytes").to_pylist(), strict=True))
+            table = dict(
+                zip(
+                    zip(got.column("op_id").to_pylist(), got.column("key_bytes").to_pylist(), strict=True),
+                    got.column("value_bytes").to_pylist(),
+                    strict=True,
+                )
+            )
             if table != self.states[cid]:
                 diff = sorted(set(table.items()) ^ set(self.states[cid].items()))[:4]
                 self.fail(f"checkpoint {cid} scans {len(table)} rows, the model has {len(self.states[cid])}: {diff}")
@@ -184,8 +220,13 @@ class History:
             self.fail(f"latest is {max(c.checkpoint_id for c in latest)}, the current attempt's newest is {self.lineage[-1]}")
         for w in self.workers:
             exported = s.read_snapshot(w.backend.export_arrow_snapshot()).table
-            rows = dict(zip(zip(exported.column("op_id").to_pylist(), exported.column("key_bytes").to_pylist(), strict=True),
-                            exported.column("value_bytes").to_pylist(), strict=True))
+            rows = dict(
+                zip(
+                    zip(exported.column("op_id").to_pylist(), exported.column("key_bytes").to_pylist(), strict=True),
+                    exported.column("value_bytes").to_pylist(),
+                    strict=True,
+                )
+            )
             keyed = {k: v for k, v in rows.items() if k[1][0] < 128}
             if keyed != w.keyed:
                 self.fail(f"subtask {w.lo}-{w.hi} exports {len(keyed)} keyed rows, it holds {len(w.keyed)}")

@@ -32,7 +32,9 @@ class HookStore(CallStore):
         self._busy = threading.local()
         self.log: list[tuple[str, str]] = []
 
-    def on(self, op: str, match: str | Callable[[str], bool], run: Callable[[], None], when: str = "before", times: int = 1, skip: int = 0) -> None:
+    def on(
+        self, op: str, match: str | Callable[[str], bool], run: Callable[[], None], when: str = "before", times: int = 1, skip: int = 0
+    ) -> None:
         """Run ``run`` around the (skip+1)-th .. calls of ``op`` whose key matches (a substring or a predicate)."""
         test = (lambda key, s=match: s in key) if isinstance(match, str) else match
         self._hooks.append(_Hook(op, test, run, when, times, skip))

@@ -67,7 +67,13 @@ def scan_dict(core: PoolCore, job: str, cid: int, kg: KeyGroupRange | None = Non
     snap = s.read_snapshot(blob)
     assert not snap.is_changelog
     table = snap.table
-    out = dict(zip(zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True), table.column("value_bytes").to_pylist(), strict=True))
+    out = dict(
+        zip(
+            zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True),
+            table.column("value_bytes").to_pylist(),
+            strict=True,
+        )
+    )
     assert len(out) == table.num_rows, "scan returned a key twice"
     return out
 

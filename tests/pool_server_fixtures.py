@@ -130,8 +130,14 @@ class RawPool:
 
         return self.stub.CommitCheckpoint(chunks(), timeout=60)
 
-    def scan_bytes(self, job: str, checkpoint_id: int = 0, key_groups: tuple[int, int] | None = None, op_ids: list[int] | None = None,
-                   delta: bytes = b"") -> bytes:
+    def scan_bytes(
+        self,
+        job: str,
+        checkpoint_id: int = 0,
+        key_groups: tuple[int, int] | None = None,
+        op_ids: list[int] | None = None,
+        delta: bytes = b"",
+    ) -> bytes:
         request = pb.ScanCheckpointRequest(job=job, checkpoint_id=checkpoint_id, op_ids=op_ids or [], delta=delta)
         if key_groups is not None:
             request.key_groups.CopyFrom(pb.KeyGroupRange(lo=key_groups[0], hi=key_groups[1]))
@@ -147,4 +153,6 @@ class RawPool:
         return self.stub.MultiGet(pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=op_ids, keys=keys), timeout=30)
 
     def checkpoints(self, job: str, include_incomplete: bool = True) -> list[pb.CheckpointInfo]:
-        return list(self.stub.ListCheckpoints(pb.ListCheckpointsRequest(job=job, include_incomplete=include_incomplete), timeout=30).checkpoints)
+        return list(
+            self.stub.ListCheckpoints(pb.ListCheckpointsRequest(job=job, include_incomplete=include_incomplete), timeout=30).checkpoints
+        )

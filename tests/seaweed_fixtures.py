@@ -45,19 +45,53 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreConfig]:
 
     root = tmp_path_factory.mktemp("seaweed")
     config_path = root / "s3.json"
-    config_path.write_text(json.dumps({"identities": [{"name": "clink", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-                                                        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    config_path.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "clink",
+                        "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
     master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
     (root / "data").mkdir()
-    cmd = [_weed(), "server", "-s3", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-           f"-master.port={master}", f"-master.port.grpc={master_grpc}", f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
-           f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}",
-           f"-s3.config={config_path}", "-master.volumeSizeLimitMB=64", "-volume.max=16",
-           "-s3.port.iceberg=0", "-s3.port.lance=0"]  # fixed default ports: two test workers would collide on them
+    cmd = [
+        _weed(),
+        "server",
+        "-s3",
+        f"-dir={root / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={master}",
+        f"-master.port.grpc={master_grpc}",
+        f"-volume.port={volume}",
+        f"-volume.port.grpc={volume_grpc}",
+        f"-filer.port={filer}",
+        f"-filer.port.grpc={filer_grpc}",
+        f"-s3.port={s3}",
+        f"-s3.port.grpc={s3_grpc}",
+        f"-s3.config={config_path}",
+        "-master.volumeSizeLimitMB=64",
+        "-volume.max=16",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+    ]  # fixed default ports: two test workers would collide on them
     log = open(root / "weed.log", "wb")  # noqa: SIM115  # closed below
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    config = StoreConfig(endpoint_url=f"http://127.0.0.1:{s3}", region="us-east-1", access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
-                         max_attempts=2, connect_timeout_s=2, read_timeout_s=20)
+    config = StoreConfig(
+        endpoint_url=f"http://127.0.0.1:{s3}",
+        region="us-east-1",
+        access_key_id=ACCESS_KEY,
+        secret_access_key=SECRET_KEY,
+        max_attempts=2,
+        connect_timeout_s=2,
+        read_timeout_s=20,
+    )
     try:
         probe = S3Store("clink-probe", "", StoreConfig(**{**config.__dict__, "max_attempts": 1}))
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -41,13 +41,11 @@ class StoreContract:
         assert (info.key, info.size, info.etag) == ("a/b/c.bin", 5, etag)
         assert info.last_modified_ms > 1_600_000_000_000
 
-
     def test_missing_key_names_the_key(self, store):
         for call in (lambda: store.get("no/such"), lambda: store.head("no/such"), lambda: store.get_range("no/such", 0, 3)):
             with pytest.raises(NotFoundError, match="no/such"):
                 call()
         assert not store.exists("no/such")
-
 
     @pytest.mark.parametrize("key", ["", "/abs", "a/../b", "..", "a//b", "a\\b", "a\x00b", "a/./b", "x\n", ".clink-tmp/x", "a/"])
     def test_keys_that_escape_the_root_are_rejected(self, store, key):
@@ -57,20 +55,17 @@ class StoreContract:
             store.get(key)
         assert list(store.list("")) == []
 
-
     def test_put_overwrites_and_changes_etag(self, store):
         e1 = store.put("k", b"one")
         e2 = store.put("k", b"two!")
         assert store.get("k") == b"two!"
         assert e1 != e2
 
-
     def test_put_if_absent(self, store):
         store.put_if_absent("jobs/j/x", b"first")
         with pytest.raises(ConflictError, match="jobs/j/x"):
             store.put_if_absent("jobs/j/x", b"second")
         assert store.get("jobs/j/x") == b"first"
-
 
     def test_compare_and_swap(self, store):
         e1 = store.compare_and_swap("w", b"v1", None)
@@ -84,7 +79,6 @@ class StoreContract:
             store.compare_and_swap("absent", b"x", e2)  # expected an object that is not there
         assert not store.exists("absent")
 
-
     def test_list_is_sorted_relative_and_prefix_filtered(self, store):
         for key in ["jobs/b/x", "jobs/a/2", "jobs/a/1", "jobs/ab", "other"]:
             store.put(key, key.encode())
@@ -94,7 +88,6 @@ class StoreContract:
         assert [i.size for i in store.list("other")] == [5]
         assert list(store.list("nothing/")) == []
 
-
     def test_delete_is_idempotent(self, store):
         store.put("d/x", b"1")
         store.delete("d/x")
@@ -102,7 +95,6 @@ class StoreContract:
         store.delete("never/was")
         assert not store.exists("d/x")
         assert list(store.list("d/")) == []
-
 
     def test_ranges(self, store):
         blob = bytes(range(256)) * 100
@@ -120,7 +112,6 @@ class StoreContract:
         # near ranges coalesce (gap 16 KiB): 0..5007 in one GET, 25000.. in another
         assert store.counters.snapshot()["requests"] == {"get_range": 2}
         assert store.counters.bytes_read == 5007 + 100
-
 
     def test_put_if_absent_race_has_one_winner(self, store):
         winners, losers = [], []
@@ -141,7 +132,6 @@ class StoreContract:
             t.join(timeout=30)
         assert len(winners) == 1 and len(losers) == 5
         assert store.get("race/key") == f"writer-{winners[0]}".encode()
-
 
     def test_compare_and_swap_counter_loses_no_increment(self, store):
         store.compare_and_swap("ctr", b"0", None)
@@ -166,7 +156,6 @@ class StoreContract:
         for t in threads:
             t.join(timeout=60)
         assert int(store.get("ctr")) == sum(successes) == 20
-
 
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(ops=_OPS)
@@ -211,7 +200,6 @@ class StoreContract:
                     assert info.size == len(model[k][0]) and info.etag == model[k][1]
         for key, (data, etag) in model.items():
             assert store.get_with_etag(key) == (data, etag)
-
 
     def test_list_prefixes_names_folders_without_their_contents(self, store):
         for key in ["jobs/a/x", "jobs/a/y/z", "jobs/b/w", "jobs/top", "other/q"]:

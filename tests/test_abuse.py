@@ -52,25 +52,72 @@ class Pool:
         tokens = tmp / "tokens.txt"
         tokens.write_text(TOKENS_TEXT)
         self.store = tmp / "store"
-        cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", f"file://{self.store}", "--listen", "127.0.0.1:0", "--output", "json",
-               "--tls-cert", str(paths["server_cert_pem"]), "--tls-key", str(paths["server_key_pem"]), "--token-file", str(tokens),
-               "--http-port", "0", "--metrics-port", "0", "--call-idle-s", str(IDLE_S), "--request-memory-mb", "256",
-               "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "clink.cli.pool",
+            "serve",
+            "--store",
+            f"file://{self.store}",
+            "--listen",
+            "127.0.0.1:0",
+            "--output",
+            "json",
+            "--tls-cert",
+            str(paths["server_cert_pem"]),
+            "--tls-key",
+            str(paths["server_key_pem"]),
+            "--token-file",
+            str(tokens),
+            "--http-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--call-idle-s",
+            str(IDLE_S),
+            "--request-memory-mb",
+            "256",
+            "--log-level",
+            "warning",
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         ready = json.loads(self.proc.stdout.readline())
         self.address, self.http_port, self.metrics_port = ready["address"], ready["http_port"], ready["metrics_port"]
-        self.honest = PoolClient(self.address, PoolClientConfig(token="tok-a-rw", tls_root_certificates=self.pki.ca_pem,
-                                                                 retry=RetryPolicy(max_attempts=1), call_deadline_s=HONEST_DEADLINE_S))
+        self.honest = PoolClient(
+            self.address,
+            PoolClientConfig(
+                token="tok-a-rw",
+                tls_root_certificates=self.pki.ca_pem,
+                retry=RetryPolicy(max_attempts=1),
+                call_deadline_s=HONEST_DEADLINE_S,
+            ),
+        )
         self.honest.wait_ready(10)
         lease = self.honest.acquire_writer("job-a", (0, 127))
-        delta = write_snapshot(pa.table({"op_id": pa.array([7], pa.uint64()), "key_bytes": [b"\x05honest"], "value_bytes": [b"yes"],
-                                         "row_kind": pa.array([1], pa.int8())}, schema=CHANGELOG_SCHEMA), changelog=True)
+        delta = write_snapshot(
+            pa.table(
+                {
+                    "op_id": pa.array([7], pa.uint64()),
+                    "key_bytes": [b"\x05honest"],
+                    "value_bytes": [b"yes"],
+                    "row_kind": pa.array([1], pa.int8()),
+                },
+                schema=CHANGELOG_SCHEMA,
+            ),
+            changelog=True,
+        )
         self.honest.commit_checkpoint("job-a", 1, 0, (0, 127), lease.epoch, delta)
         n = 200_000  # checkpoint 2 adds ~24 MB, so a scan of it outlasts the connection's flow-control window
-        bulk = pa.table({"row_kind": pa.array([1] * n, pa.int8()), "op_id": pa.array([8] * n, pa.uint64()),
-                         "key_bytes": pa.array([b"\x06" + i.to_bytes(8, "big") for i in range(n)]),
-                         "value_bytes": pa.array([os.urandom(100) for _ in range(n)])}, schema=CHANGELOG_SCHEMA)
+        bulk = pa.table(
+            {
+                "row_kind": pa.array([1] * n, pa.int8()),
+                "op_id": pa.array([8] * n, pa.uint64()),
+                "key_bytes": pa.array([b"\x06" + i.to_bytes(8, "big") for i in range(n)]),
+                "value_bytes": pa.array([os.urandom(100) for _ in range(n)]),
+            },
+            schema=CHANGELOG_SCHEMA,
+        )
         self.honest.commit_checkpoint("job-a", 2, 1, (0, 127), lease.epoch, write_snapshot(bulk, changelog=True))
         self.epoch = lease.epoch
 
@@ -78,8 +125,9 @@ class Pool:
         creds = grpc.ssl_channel_credentials(self.pki.ca_pem)
         if token is not None:
             creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
-        return grpc.secure_channel(self.address, creds, options=[("grpc.max_send_message_length", 256 << 20),
-                                                                 ("grpc.max_receive_message_length", 256 << 20)])
+        return grpc.secure_channel(
+            self.address, creds, options=[("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
+        )
 
     def gauge(self, name: str) -> float:
         import ssl
@@ -158,7 +206,9 @@ class Probe:
 
     def check(self, max_growth_mb: int) -> None:
         growth = (self.peak_rss - self.base_rss) / 2**20
-        print(f"honest gets {self.gets}, worst {self.worst * 1000:.0f} ms; pool RSS {self.base_rss / 2**20:.0f} MB -> peak +{growth:.0f} MB")
+        print(
+            f"honest gets {self.gets}, worst {self.worst * 1000:.0f} ms; pool RSS {self.base_rss / 2**20:.0f} MB -> peak +{growth:.0f} MB"
+        )
         assert not self.failures, f"the honest client failed during the attack: {self.failures[:3]}"
         assert self.gets > 0
         assert self.worst < HONEST_DEADLINE_S
@@ -233,7 +283,9 @@ def zstd_bomb(decoded_bytes: int, changelog: bool = False) -> bytes:
     cols = [pa.array([7], pa.uint64()), pa.array([b"\x05bomb"]), pa.array([b"\x00" * decoded_bytes])]
     if changelog:
         cols.insert(0, pa.array([1], pa.int8()))
-    meta = dict(ipc.open_stream(write_snapshot(pa.table([c.slice(0, 0) for c in cols], schema=schema), changelog=changelog)).schema.metadata)
+    meta = dict(
+        ipc.open_stream(write_snapshot(pa.table([c.slice(0, 0) for c in cols], schema=schema), changelog=changelog)).schema.metadata
+    )
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, schema.with_metadata(meta), options=ipc.IpcWriteOptions(compression="zstd")) as w:
         w.write_batch(pa.record_batch(cols, schema=schema))
@@ -277,15 +329,23 @@ def test_a_compressed_commit_writes_nothing(pool):
 
     try:
         attack(pool, 100, run)
-        after = sorted(p.relative_to(pool.store) for p in pool.store.rglob("*") if p.is_file() and "job-b" in str(p) and "writers" not in p.name)
+        after = sorted(
+            p.relative_to(pool.store) for p in pool.store.rglob("*") if p.is_file() and "job-b" in str(p) and "writers" not in p.name
+        )
         assert [p for p in after if p not in before] == []
     finally:
         channel.close()
 
 
 def test_a_flood_of_one_row_batches_is_refused(pool):
-    batch = pa.record_batch([pa.array([1], pa.int8()), pa.array([7], pa.uint64()), pa.array([b"\x05k"]), pa.array([b"v"])], schema=CHANGELOG_SCHEMA)
-    meta = dict(ipc.open_stream(write_snapshot(pa.table([c.slice(0, 0) for c in batch.columns], schema=CHANGELOG_SCHEMA), changelog=True)).schema.metadata)
+    batch = pa.record_batch(
+        [pa.array([1], pa.int8()), pa.array([7], pa.uint64()), pa.array([b"\x05k"]), pa.array([b"v"])], schema=CHANGELOG_SCHEMA
+    )
+    meta = dict(
+        ipc.open_stream(
+            write_snapshot(pa.table([c.slice(0, 0) for c in batch.columns], schema=CHANGELOG_SCHEMA), changelog=True)
+        ).schema.metadata
+    )
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, CHANGELOG_SCHEMA.with_metadata(meta)) as w:
         for _ in range(100_000):
@@ -430,13 +490,24 @@ def test_savepoints_through_the_rpc_stay_in_their_jobs_namespace(pool):
         # a savepoint of job-b named to pass as job-a's lands under job-b: nobody restoring job-a's savepoints finds it there
         with PoolClient(pool.address, PoolClientConfig(token="tok-b-rw", tls_root_certificates=pool.pki.ca_pem)) as client:
             lease = client.acquire_writer("job-b2", (0, 127))
-            delta = write_snapshot(pa.table({"row_kind": pa.array([1], pa.int8()), "op_id": pa.array([7], pa.uint64()),
-                                             "key_bytes": [b"\x05b-data"], "value_bytes": [b"b"]}, schema=CHANGELOG_SCHEMA), changelog=True)
+            delta = write_snapshot(
+                pa.table(
+                    {
+                        "row_kind": pa.array([1], pa.int8()),
+                        "op_id": pa.array([7], pa.uint64()),
+                        "key_bytes": [b"\x05b-data"],
+                        "value_bytes": [b"b"],
+                    },
+                    schema=CHANGELOG_SCHEMA,
+                ),
+                changelog=True,
+            )
             client.commit_checkpoint("job-b2", 1, 0, (0, 127), lease.epoch, delta)
             squat = client.savepoint("job-b2", "release-7")
         assert squat.name == "job-b2/release-7" and squat.location == "savepoints/job-b2/release-7/"
-        assert (pool.store / "savepoints" / "job-a" / "release-7" / "_metadata").read_bytes() != \
-            (pool.store / "savepoints" / "job-b2" / "release-7" / "_metadata").read_bytes()
+        assert (pool.store / "savepoints" / "job-a" / "release-7" / "_metadata").read_bytes() != (
+            pool.store / "savepoints" / "job-b2" / "release-7" / "_metadata"
+        ).read_bytes()
     finally:
         for ch in (ch_a, ch_b, ch_t):
             ch.close()
@@ -447,8 +518,10 @@ def test_pins_belong_to_their_token_and_are_bounded(pool):
     rw = pb_grpc.RemotePoolStub(ch_rw := pool.channel("tok-a-rw"))
     try:
         rw.PinCheckpoint(pb.PinCheckpointRequest(job="job-a", holder="backup", ttl_seconds=600), timeout=10)
-        for call, req in ((ro.UnpinCheckpoint, pb.UnpinCheckpointRequest(job="job-a", checkpoint_id=2, holder="backup")),
-                          (ro.PinCheckpoint, pb.PinCheckpointRequest(job="job-a", holder="backup", ttl_seconds=60))):
+        for call, req in (
+            (ro.UnpinCheckpoint, pb.UnpinCheckpointRequest(job="job-a", checkpoint_id=2, holder="backup")),
+            (ro.PinCheckpoint, pb.PinCheckpointRequest(job="job-a", holder="backup", ttl_seconds=60)),
+        ):
             with pytest.raises(grpc.RpcError) as info:
                 call(req, timeout=10)
             assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -481,7 +554,9 @@ def test_errors_sent_to_clients_do_not_name_the_store(pool):
         assert str(pool.store) not in info.value.details() and "file://" not in info.value.details()
     finally:
         ch.close()
-    req = urllib.request.Request(f"https://127.0.0.1:{pool.http_port}/jobs/job-b2/state.arrow?checkpoint=999", headers={"Authorization": "Bearer tok-b-rw"})
+    req = urllib.request.Request(
+        f"https://127.0.0.1:{pool.http_port}/jobs/job-b2/state.arrow?checkpoint=999", headers={"Authorization": "Bearer tok-b-rw"}
+    )
     import ssl
 
     with pytest.raises(urllib.error.HTTPError) as http:
@@ -534,21 +609,33 @@ def test_a_fenced_writer_streaming_a_large_delta_is_refused_before_its_body_is_r
 
 
 def _changelog_blob(n: int, value_bytes: int, tag: bytes) -> bytes:
-    return write_snapshot(pa.table({"row_kind": pa.array([1] * n, pa.int8()), "op_id": pa.array([9] * n, pa.uint64()),
-                                    "key_bytes": pa.array([b"\x07" + tag + i.to_bytes(6, "big") for i in range(n)]),
-                                    "value_bytes": pa.array([os.urandom(value_bytes)] * n)}, schema=CHANGELOG_SCHEMA), changelog=True)
+    return write_snapshot(
+        pa.table(
+            {
+                "row_kind": pa.array([1] * n, pa.int8()),
+                "op_id": pa.array([9] * n, pa.uint64()),
+                "key_bytes": pa.array([b"\x07" + tag + i.to_bytes(6, "big") for i in range(n)]),
+                "value_bytes": pa.array([os.urandom(value_bytes)] * n),
+            },
+            schema=CHANGELOG_SCHEMA,
+        ),
+        changelog=True,
+    )
 
 
 def test_concurrent_large_commits_share_one_memory_budget(pool):
     blob = _changelog_blob(200_000, 200, b"big")  # ~43 MB each; the pool's budget (256 MiB) holds one at a time (4x)
     stub = pb_grpc.RemotePoolStub(ch := pool.channel("tok-b-rw"))
-    leases = [stub.AcquireWriter(pb.AcquireWriterRequest(job="job-b", key_groups=pb.KeyGroupRange(lo=32 * i, hi=32 * i + 31)), timeout=10).epoch
-              for i in range(4)]
+    leases = [
+        stub.AcquireWriter(pb.AcquireWriterRequest(job="job-b", key_groups=pb.KeyGroupRange(lo=32 * i, hi=32 * i + 31)), timeout=10).epoch
+        for i in range(4)
+    ]
     codes: list[grpc.StatusCode] = []
 
     def chunks(i: int) -> Iterator[pb.CommitChunk]:
-        yield pb.CommitChunk(header=pb.CommitHeader(job="job-b", checkpoint_id=20, key_groups=pb.KeyGroupRange(lo=32 * i, hi=32 * i + 31),
-                                                    epoch=leases[i]))
+        yield pb.CommitChunk(
+            header=pb.CommitHeader(job="job-b", checkpoint_id=20, key_groups=pb.KeyGroupRange(lo=32 * i, hi=32 * i + 31), epoch=leases[i])
+        )
         for at in range(0, len(blob), 1 << 20):
             yield pb.CommitChunk(delta=blob[at : at + (1 << 20)])
 
@@ -621,7 +708,9 @@ def test_idle_http_connections_are_capped_and_cut_and_the_export_keeps_serving(p
     trickler.start()
     try:
         time.sleep(0.5)
-        threads = int(next(line.split()[1] for line in Path(f"/proc/{pool.proc.pid}/status").read_text().splitlines() if line.startswith("Threads:")))
+        threads = int(
+            next(line.split()[1] for line in Path(f"/proc/{pool.proc.pid}/status").read_text().splitlines() if line.startswith("Threads:"))
+        )
         assert threads < 64 + 60, threads  # bounded: the capped connections, the pool's own lanes and grpc's threads
         ctx = ssl.create_default_context(cadata=pool.pki.ca_pem.decode())
         deadline = time.monotonic() + HEADER_DEADLINE_S + 5

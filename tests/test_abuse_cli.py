@@ -99,7 +99,9 @@ def test_https_never_follows_a_redirect_down_to_http(stream, tmp_path):
     ctx.load_cert_chain(paths["server_cert_pem"], paths["server_key_pem"])
     with http_server(serve_bytes(stream)) as (plain, seen_plain):
         with http_server(redirect_to(f"http://127.0.0.1:{plain}/state.arrow"), tls=ctx) as (secure, _):
-            result = run(["--pool-token", TOKEN, "--pool-ca-file", str(paths["ca_pem"]), "state-cat", f"https://127.0.0.1:{secure}/s.arrow"])
+            result = run(
+                ["--pool-token", TOKEN, "--pool-ca-file", str(paths["ca_pem"]), "state-cat", f"https://127.0.0.1:{secure}/s.arrow"]
+            )
     assert result.exit_code == 2
     assert "from https down to http" in one_line_error(result)
     assert seen_plain == []
@@ -177,8 +179,12 @@ def test_the_file_store_does_not_follow_symlinks_out_of_its_root(tmp_path):
     store = FileStore(tmp_path / "store")
     (tmp_path / "store" / "jobs").mkdir()
     (tmp_path / "store" / "jobs" / "j").symlink_to(outside)
-    for attempt in (lambda: store.get("jobs/j/secret"), lambda: store.head("jobs/j/secret"), lambda: store.put("jobs/j/new", b"x"),
-                    lambda: store.delete("jobs/j/secret")):
+    for attempt in (
+        lambda: store.get("jobs/j/secret"),
+        lambda: store.head("jobs/j/secret"),
+        lambda: store.put("jobs/j/new", b"x"),
+        lambda: store.delete("jobs/j/secret"),
+    ):
         with pytest.raises(InvalidArgumentError, match="outside the store"):
             attempt()
     assert (outside / "secret").read_bytes() == b"not yours" and not (outside / "new").exists()

@@ -25,10 +25,41 @@ KEY = snapshot.encode_keyed_key("v", b"k")
 
 # every spelling we could think of for "some other place in the store"
 SNEAKY_JOBS = [
-    "..", ".", "../victim", "victim/..", "attacker/../victim", "jobs/victim", "/victim", "victim/", "victim\\..", "..\\victim",
-    "victim\x00", "victim\n", "\x7f", "%2e%2e", "%2e%2e%2fvictim", "..%2fvictim", "%2E%2E%2F", "attacker%2f..%2fvictim",
-    "\u2024\u2024", "\uff0e\uff0e", "\u2025", "victim\u2215x", ".clink-tmp", ".clink-lock", "", "x" * 129, "é" * 65, "victim/../../secret.txt",
-    "..\u0000", "savepoints", "../savepoints/s1", "jobs", "*", "victim*", "\u202evictim",
+    "..",
+    ".",
+    "../victim",
+    "victim/..",
+    "attacker/../victim",
+    "jobs/victim",
+    "/victim",
+    "victim/",
+    "victim\\..",
+    "..\\victim",
+    "victim\x00",
+    "victim\n",
+    "\x7f",
+    "%2e%2e",
+    "%2e%2e%2fvictim",
+    "..%2fvictim",
+    "%2E%2E%2F",
+    "attacker%2f..%2fvictim",
+    "\u2024\u2024",
+    "\uff0e\uff0e",
+    "\u2025",
+    "victim\u2215x",
+    ".clink-tmp",
+    ".clink-lock",
+    "",
+    "x" * 129,
+    "é" * 65,
+    "victim/../../secret.txt",
+    "..\u0000",
+    "savepoints",
+    "../savepoints/s1",
+    "jobs",
+    "*",
+    "victim*",
+    "\u202evictim",
 ]
 CHECKPOINT_IDS = [0, 1, 2, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
 
@@ -62,7 +93,10 @@ def _requests(job: str, cid: int):
         ("CommitCheckpoint", lambda s: s.CommitCheckpoint(iter([pb.CommitChunk(header=header), pb.CommitChunk(delta=delta)]), timeout=10)),
         ("Get", lambda s: s.Get(pb.GetRequest(job=job, checkpoint_id=cid, op_id=OP, key_bytes=KEY), timeout=10)),
         ("MultiGet", lambda s: s.MultiGet(pb.MultiGetRequest(job=job, checkpoint_id=cid, op_ids=[OP], keys=[KEY]), timeout=10)),
-        ("ScanCheckpoint", lambda s: b"".join(c.data for c in s.ScanCheckpoint(pb.ScanCheckpointRequest(job=job, checkpoint_id=cid), timeout=10))),
+        (
+            "ScanCheckpoint",
+            lambda s: b"".join(c.data for c in s.ScanCheckpoint(pb.ScanCheckpointRequest(job=job, checkpoint_id=cid), timeout=10)),
+        ),
         ("ListCheckpoints", lambda s: s.ListCheckpoints(pb.ListCheckpointsRequest(job=job, include_incomplete=True), timeout=10)),
         ("DescribeCheckpoint", lambda s: s.DescribeCheckpoint(pb.DescribeCheckpointRequest(job=job, checkpoint_id=cid), timeout=10)),
         ("DeleteCheckpoint", lambda s: s.DeleteCheckpoint(pb.DeleteCheckpointRequest(job=job, checkpoint_id=cid), timeout=10)),
@@ -83,9 +117,17 @@ def test_no_request_parameter_reaches_outside_its_job_prefix(pool):
                     response, code = None, exc.code()
                 tried += 1
                 touched = recording.calls[before:]
-                assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                                grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED), (name, job, cid, code)
-                assert SECRET not in (response.SerializeToString() if hasattr(response, "SerializeToString") else (response or b"")), (name, job)
+                assert code in (
+                    grpc.StatusCode.OK,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.NOT_FOUND,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.StatusCode.ABORTED,
+                ), (name, job, cid, code)
+                assert SECRET not in (response.SerializeToString() if hasattr(response, "SerializeToString") else (response or b"")), (
+                    name,
+                    job,
+                )
                 for c in touched:
                     assert c.key.startswith(job_prefix(job)) and job and "/" not in job, f"{name}({job!r}, {cid}) touched {c.key!r}"
                 if code is grpc.StatusCode.INVALID_ARGUMENT:
@@ -100,10 +142,21 @@ def test_no_request_parameter_reaches_outside_its_job_prefix(pool):
 def test_http_export_paths_cannot_leave_the_job_prefix(pool):
     server, stub, recording, inner = pool
     base = f"http://127.0.0.1:{server.http_port}"
-    paths = ["/jobs/..%2Fvictim/state.arrow", "/jobs/%2E%2E/state.arrow", "/jobs/x%2F..%2F..%2Fsecret.txt/state.arrow", "/jobs/victim%00/state.arrow",
-             "/jobs/../secret.txt", "/jobs/%252e%252e/state.arrow", "/jobs/victim/../../secret.txt", "/jobs/%2e%2e%5cvictim/state.arrow",
-             "/jobs/victim/state.arrow?checkpoint=../../secret", "/jobs/victim/state.arrow?checkpoint=99999999999999999999999",
-             "/jobs/victim/state.arrow?key_groups=0-999", "/secret.txt", "/savepoints/s1/_metadata"]
+    paths = [
+        "/jobs/..%2Fvictim/state.arrow",
+        "/jobs/%2E%2E/state.arrow",
+        "/jobs/x%2F..%2F..%2Fsecret.txt/state.arrow",
+        "/jobs/victim%00/state.arrow",
+        "/jobs/../secret.txt",
+        "/jobs/%252e%252e/state.arrow",
+        "/jobs/victim/../../secret.txt",
+        "/jobs/%2e%2e%5cvictim/state.arrow",
+        "/jobs/victim/state.arrow?checkpoint=../../secret",
+        "/jobs/victim/state.arrow?checkpoint=99999999999999999999999",
+        "/jobs/victim/state.arrow?key_groups=0-999",
+        "/secret.txt",
+        "/savepoints/s1/_metadata",
+    ]
     for path in paths:
         before = len(recording.calls)
         try:
@@ -121,7 +174,12 @@ def test_a_tampered_manifest_cannot_point_into_another_job(pool):
     server, stub, recording, inner = pool
     victim_file = next(o.key for o in inner.list("jobs/victim/data/"))
     honest = json.loads(inner.get("jobs/victim/chk-1/_metadata"))
-    for bad_path in ("data/../../victim/" + victim_file.split("/", 2)[2], "../victim/" + victim_file.split("/", 2)[2], "/" + victim_file, victim_file):
+    for bad_path in (
+        "data/../../victim/" + victim_file.split("/", 2)[2],
+        "../victim/" + victim_file.split("/", 2)[2],
+        "/" + victim_file,
+        victim_file,
+    ):
         doc = json.loads(json.dumps(honest))
         doc["job"] = "attacker"
         doc["files"][0]["path"] = bad_path
@@ -131,5 +189,7 @@ def test_a_tampered_manifest_cannot_point_into_another_job(pool):
         with pytest.raises(grpc.RpcError) as info:
             b"".join(c.data for c in stub.ScanCheckpoint(pb.ScanCheckpointRequest(job="attacker", checkpoint_id=1), timeout=10))
         details = info.value.details()
-        assert info.value.code() == grpc.StatusCode.DATA_LOSS and ("not a safe relative path" in details or "must lie under data/" in details), details
+        assert info.value.code() == grpc.StatusCode.DATA_LOSS and (
+            "not a safe relative path" in details or "must lie under data/" in details
+        ), details
         assert all(c.key.startswith("jobs/attacker/") for c in recording.calls[before:])

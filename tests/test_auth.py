@@ -49,7 +49,9 @@ def pki():
 @pytest.fixture
 def secured(tmp_path, pki):
     """A pool with TLS on gRPC and HTTP and the token table of security_fixtures."""
-    config = PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, http_port=0, metrics_port=0, tls=pki.server_tls(), tokens=token_table())
+    config = PoolServerConfig(
+        listen="127.0.0.1:0", grace_seconds=0.2, http_port=0, metrics_port=0, tls=pki.server_tls(), tokens=token_table()
+    )
     server = PoolServer(config, store=FileStore(tmp_path / "store")).start()
     try:
         yield server
@@ -95,8 +97,11 @@ def test_a_token_reaches_its_own_job_over_tls_and_is_denied_every_other_job(secu
                 call()
     with _client(secured, pki, "tok-a-ro") as ro:
         assert ro.get("job-a", 0, OP, key_a) == b"secret of job-a"
-        for call in (lambda: ro.acquire_writer("job-a", (0, 127)), lambda: ro.commit_checkpoint("job-a", 2, 1, (0, 127), 1, b""),
-                     lambda: ro.delete_checkpoint("job-a", 1)):
+        for call in (
+            lambda: ro.acquire_writer("job-a", (0, 127)),
+            lambda: ro.commit_checkpoint("job-a", 2, 1, (0, 127), 1, b""),
+            lambda: ro.delete_checkpoint("job-a", 1),
+        ):
             with pytest.raises(PermissionDeniedError, match="may not write job 'job-a'"):
                 call()
         with pytest.raises(PermissionDeniedError):
@@ -120,8 +125,12 @@ def test_no_or_a_wrong_token_is_unauthenticated_and_health_stays_open(secured, p
     _seed(secured, pki, "job-a", "tok-a-rw")
     for token in (None, "tok-nope", "tok-a-rwx", "Tok-A-Rw"):
         with _client(secured, pki, token) as anon:
-            for call in (lambda c=anon: c.list_jobs(), lambda c=anon: c.get("job-a", 0, OP, b"\x01v|x"),
-                         lambda c=anon: c.commit_checkpoint("job-a", 2, 1, (0, 127), 1, b"x" * 10), lambda c=anon: c.scan_checkpoint("job-a", 0)):
+            for call in (
+                lambda c=anon: c.list_jobs(),
+                lambda c=anon: c.get("job-a", 0, OP, b"\x01v|x"),
+                lambda c=anon: c.commit_checkpoint("job-a", 2, 1, (0, 127), 1, b"x" * 10),
+                lambda c=anon: c.scan_checkpoint("job-a", 0),
+            ):
                 with pytest.raises(UnauthenticatedError):
                     call()
             anon.wait_ready(5)  # the health check needs no token
@@ -211,7 +220,9 @@ def _count_commits_in_flight(server) -> threading.Semaphore:
 
 
 def test_message_size_and_concurrent_call_limits(tmp_path):
-    config = PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, max_message_bytes=1 << 20, admission=AdmissionConfig(max_calls=2), max_workers=4)
+    config = PoolServerConfig(
+        listen="127.0.0.1:0", grace_seconds=0.2, max_message_bytes=1 << 20, admission=AdmissionConfig(max_calls=2), max_workers=4
+    )
     server = PoolServer(config, store=FileStore(tmp_path / "store")).start()
     in_flight = _count_commits_in_flight(server)
     channel = grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", 64 << 20)])
@@ -252,7 +263,9 @@ def test_token_files_parse_json_and_lines_and_name_what_is_wrong(tmp_path):
     lines = token_table()
     assert lines.authorize("tok-b-rw", "job-b2", "write").name == "line 4"
     assert bearer_token("bearer abc") == "abc" and bearer_token("Basic abc") is None and bearer_token(None) is None
-    doc = {"tokens": [{"token": "t1", "jobs": ["a", "b*"], "access": "read", "name": "reader"}, {"token": "t2", "jobs": "*", "access": "rw"}]}
+    doc = {
+        "tokens": [{"token": "t1", "jobs": ["a", "b*"], "access": "read", "name": "reader"}, {"token": "t2", "jobs": "*", "access": "rw"}]
+    }
     path = tmp_path / "tokens.json"
     path.write_text(json.dumps(doc))
     table = TokenTable.from_file(path)
@@ -283,11 +296,38 @@ def test_clink_pool_serve_with_tls_and_token_flags(tmp_path, pki):
     paths = pki.write(tmp_path / "pki")
     tokens = tmp_path / "tokens.txt"
     tokens.write_text(TOKENS_TEXT)
-    cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", f"file://{tmp_path / 'store'}", "--listen", "127.0.0.1:0", "--output", "json",
-           "--tls-cert", str(paths["server_cert_pem"]), "--tls-key", str(paths["server_key_pem"]), "--token-file", str(tokens),
-           "--max-concurrent-rpcs", "8", "--max-concurrent-streams", "4", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "clink.cli.pool",
+        "serve",
+        "--store",
+        f"file://{tmp_path / 'store'}",
+        "--listen",
+        "127.0.0.1:0",
+        "--output",
+        "json",
+        "--tls-cert",
+        str(paths["server_cert_pem"]),
+        "--tls-key",
+        str(paths["server_key_pem"]),
+        "--token-file",
+        str(tokens),
+        "--max-concurrent-rpcs",
+        "8",
+        "--max-concurrent-streams",
+        "4",
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         ready = json.loads(proc.stdout.readline())
         address = ready["address"]
@@ -298,13 +338,21 @@ def test_clink_pool_serve_with_tls_and_token_flags(tmp_path, pki):
             assert lease.epoch >= 1 and lease.latest_checkpoint_id == 0
             with pytest.raises(PermissionDeniedError):
                 a.acquire_writer("job-b", (0, 127))
-        with PoolClient(address, PoolClientConfig(tls_root_certificates=pki.ca_pem, retry=FAST)) as anon, pytest.raises(UnauthenticatedError):
+        with (
+            PoolClient(address, PoolClientConfig(tls_root_certificates=pki.ca_pem, retry=FAST)) as anon,
+            pytest.raises(UnauthenticatedError),
+        ):
             anon.list_jobs()
     finally:
         proc.terminate()
         proc.wait(10)
-    bad = subprocess.run([*cmd[:8], "--tls-cert", str(paths["server_cert_pem"])], cwd=Path(__file__).resolve().parents[1],
-                         capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [*cmd[:8], "--tls-cert", str(paths["server_cert_pem"])],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and "--tls-cert and --tls-key go together" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -349,9 +397,11 @@ def test_garbled_requests_are_refused_unauthenticated_before_they_are_decoded(se
     try:
         for method, kind in (("Get", channel.unary_unary), ("ListJobs", channel.unary_unary), ("ScanCheckpoint", channel.unary_stream)):
             call = kind(f"/clink.remote_state.v1.RemotePool/{method}")
-            for metadata, expected in (((), grpc.StatusCode.UNAUTHENTICATED),
-                                       ((("authorization", "Bearer tok-nope"),), grpc.StatusCode.UNAUTHENTICATED),
-                                       ((("authorization", "Bearer tok-a-rw"),), grpc.StatusCode.INVALID_ARGUMENT)):
+            for metadata, expected in (
+                ((), grpc.StatusCode.UNAUTHENTICATED),
+                ((("authorization", "Bearer tok-nope"),), grpc.StatusCode.UNAUTHENTICATED),
+                ((("authorization", "Bearer tok-a-rw"),), grpc.StatusCode.INVALID_ARGUMENT),
+            ):
                 with pytest.raises(grpc.RpcError) as info:
                     result = call(garbled, metadata=metadata, timeout=5)
                     list(result) if kind == channel.unary_stream else result
@@ -381,11 +431,36 @@ def test_http_export_url_names_https_when_it_serves_tls(tmp_path, pki):
 
 def test_clink_pool_serve_ready_line_names_https_urls_under_tls(tmp_path, pki):
     paths = pki.write(tmp_path / "pki")
-    cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", f"file://{tmp_path / 'store'}", "--listen", "127.0.0.1:0",
-           "--metrics-port", "0", "--http-port", "0", "--tls-cert", str(paths["server_cert_pem"]), "--tls-key", str(paths["server_key_pem"]),
-           "--log-level", "warning", "--grace", "0"]
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "clink.cli.pool",
+        "serve",
+        "--store",
+        f"file://{tmp_path / 'store'}",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-port",
+        "0",
+        "--http-port",
+        "0",
+        "--tls-cert",
+        str(paths["server_cert_pem"]),
+        "--tls-key",
+        str(paths["server_key_pem"]),
+        "--log-level",
+        "warning",
+        "--grace",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         ready = proc.stdout.readline()
     finally:

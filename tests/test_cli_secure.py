@@ -72,8 +72,14 @@ def test_a_missing_ca_file_is_a_usage_error(secured, tmp_path) -> None:
 def test_client_certificates_open_a_mutual_tls_pool(file_store, pki, tmp_path) -> None:
     table = generated_table(82, keyed_rows=40)
     commit_checkpoints(file_store, JOB, [table])
-    config = PoolServerConfig(store_uri=file_store.uri, listen="127.0.0.1:0", grace_seconds=0.2, http_port=0, tls=pki.server_tls(client_ca=True),
-                              tokens=token_table())
+    config = PoolServerConfig(
+        store_uri=file_store.uri,
+        listen="127.0.0.1:0",
+        grace_seconds=0.2,
+        http_port=0,
+        tls=pki.server_tls(client_ca=True),
+        tokens=token_table(),
+    )
     server = PoolServer(config, file_store).start()
     paths = pki.write(tmp_path / "pki")
     pre = ["--pool-ca-file", str(paths["ca_pem"]), "--pool-token", "tok-a-ro", "--pool-timeout", "5"]

@@ -122,9 +122,13 @@ def test_lifecycle_calls_against_a_dead_pool_give_up_as_unavailable_after_the_re
     sleeps: list[float] = []
     config = PoolClientConfig(call_deadline_s=2, commit_deadline_s=2, retry=RetryPolicy(max_attempts=3), sleep=sleeps.append, seed=1)
     with PoolClient(f"127.0.0.1:{free_port()}", config) as client:
-        for call in (lambda: client.savepoint(JOB, "x"), lambda: client.pin_checkpoint(JOB, "h", 5),
-                     lambda: client.unpin_checkpoint(JOB, 1, "h"), lambda: client.compact_checkpoint(JOB),
-                     lambda: client.collect_garbage(JOB, dry_run=True)):
+        for call in (
+            lambda: client.savepoint(JOB, "x"),
+            lambda: client.pin_checkpoint(JOB, "h", 5),
+            lambda: client.unpin_checkpoint(JOB, 1, "h"),
+            lambda: client.compact_checkpoint(JOB),
+            lambda: client.collect_garbage(JOB, dry_run=True),
+        ):
             before = client.calls
             with pytest.raises(UnavailableError, match="gave up after 3 attempt"):
                 call()

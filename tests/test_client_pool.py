@@ -43,8 +43,6 @@ from tests.client_fixtures import (
     in_range,
     keyed_keys,
     owner,
-    pool_address,  # noqa: F401  # fixture
-    pool_store,  # noqa: F401  # fixture
     start_pool,
     table_model,
 )
@@ -84,7 +82,7 @@ def _check_sees_exactly(b: RemoteReadBackend, model: Model) -> None:
     assert exported == in_range(model, lo, hi)
 
 
-def test_four_subtasks_commit_side_by_side_without_fencing_each_other(pool_address: str) -> None:  # noqa: F811
+def test_four_subtasks_commit_side_by_side_without_fencing_each_other(pool_address: str) -> None:
     job, model = _job(), {}
     backends = _four_subtasks_write(pool_address, job, "a", model)
     results = []
@@ -115,7 +113,7 @@ def test_four_subtasks_commit_side_by_side_without_fencing_each_other(pool_addre
 
 
 @pytest.mark.parametrize("layout", [TWO, EIGHT], ids=["4-to-2", "4-to-8"])
-def test_rescale_from_four_subtasks(pool_address: str, layout: list[tuple[int, int]]) -> None:  # noqa: F811
+def test_rescale_from_four_subtasks(pool_address: str, layout: list[tuple[int, int]]) -> None:
     job, model = _job(), {}
     old = _four_subtasks_write(pool_address, job, "a", model)
     for b in old:
@@ -144,7 +142,7 @@ def test_rescale_from_four_subtasks(pool_address: str, layout: list[tuple[int, i
         b.close()
 
 
-def test_writer_fenced_by_a_newer_overlapping_writer_keeps_its_delta_and_publishes_nothing(pool_address: str) -> None:  # noqa: F811
+def test_writer_fenced_by_a_newer_overlapping_writer_keeps_its_delta_and_publishes_nothing(pool_address: str) -> None:
     job = _job()
     with PoolClient(pool_address) as pool:
         older = RemoteReadBackend.connect(pool, job, (0, 63), FAST)
@@ -167,7 +165,7 @@ def test_writer_fenced_by_a_newer_overlapping_writer_keeps_its_delta_and_publish
             b.close()
 
 
-def test_failed_commit_keeps_the_delta_and_the_next_checkpoint_carries_it(pool_store) -> None:  # noqa: F811
+def test_failed_commit_keeps_the_delta_and_the_next_checkpoint_carries_it(pool_store) -> None:
     port = free_port()
     server = start_pool(pool_store, port)
     job, model = _job(), {}
@@ -198,7 +196,7 @@ def test_failed_commit_keeps_the_delta_and_the_next_checkpoint_carries_it(pool_s
         server.stop(0)
 
 
-def test_writes_during_an_upload_go_to_a_fresh_delta_and_are_kept(pool_address: str) -> None:  # noqa: F811
+def test_writes_during_an_upload_go_to_a_fresh_delta_and_are_kept(pool_address: str) -> None:
     job = _job()
     cfg = BackendConfig(commit_chunk_bytes=64 * 1024)
     b = RemoteReadBackend.connect(pool_address, job, (0, 127), cfg)
@@ -224,7 +222,7 @@ def test_writes_during_an_upload_go_to_a_fresh_delta_and_are_kept(pool_address: 
     b.close()
 
 
-def test_unavailable_is_retried_until_a_late_pool_comes_up(pool_store) -> None:  # noqa: F811
+def test_unavailable_is_retried_until_a_late_pool_comes_up(pool_store) -> None:
     port = free_port()
     servers = []
     first_failure = threading.Event()  # the pool starts only once the client has failed and backs off: no race on wall time
@@ -237,8 +235,10 @@ def test_unavailable_is_retried_until_a_late_pool_comes_up(pool_store) -> None: 
     timer.start()
     sleeps: list[float] = []
     # a budget (~200 x up to 0.3 s) far above a pool start on a loaded box; bounded all the same
-    cfg = BackendConfig(retry=RetryPolicy(max_attempts=200, initial_backoff_s=0.05, max_backoff_s=0.3),
-                        sleep=lambda s: (sleeps.append(s), first_failure.set(), time.sleep(s)))
+    cfg = BackendConfig(
+        retry=RetryPolicy(max_attempts=200, initial_backoff_s=0.05, max_backoff_s=0.3),
+        sleep=lambda s: (sleeps.append(s), first_failure.set(), time.sleep(s)),
+    )
     try:
         b = RemoteReadBackend.connect(f"127.0.0.1:{port}", _job(), (0, 127), cfg)
         assert b.epoch >= 1 and b.pool.retries >= 1 and len(sleeps) == b.pool.retries
@@ -252,7 +252,7 @@ def test_unavailable_is_retried_until_a_late_pool_comes_up(pool_store) -> None: 
 
 
 def test_a_commit_whose_answer_was_lost_is_retried_safely_and_lands_once(
-    pool_store, pool_address: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    pool_store, pool_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = _job()
     b = RemoteReadBackend.connect(pool_address, job, (0, 127), FAST)
@@ -296,7 +296,7 @@ def test_a_commit_whose_answer_was_lost_is_retried_safely_and_lands_once(
     b.close()
 
 
-def test_restore_is_lazy_and_reports_missing_operators_before_changing_anything(pool_address: str) -> None:  # noqa: F811
+def test_restore_is_lazy_and_reports_missing_operators_before_changing_anything(pool_address: str) -> None:
     job = _job()
     b = RemoteReadBackend.connect(pool_address, job, (0, 127), FAST)
     with pytest.raises(NotFoundError, match="no complete checkpoint"):
@@ -328,7 +328,7 @@ def test_restore_is_lazy_and_reports_missing_operators_before_changing_anything(
     fresh.close()
 
 
-def test_ttl_values_expire_on_read_and_are_left_out_of_exports(pool_address: str) -> None:  # noqa: F811
+def test_ttl_values_expire_on_read_and_are_left_out_of_exports(pool_address: str) -> None:
     now = [1_000_000]
     cfg = BackendConfig(clock_ms=lambda: now[0])
     b = RemoteReadBackend.connect(pool_address, _job(), (0, 127), cfg)
@@ -348,7 +348,7 @@ def test_ttl_values_expire_on_read_and_are_left_out_of_exports(pool_address: str
     b.close()
 
 
-def test_export_stream_opens_in_pyarrow_duckdb_and_polars_without_clink(pool_address: str) -> None:  # noqa: F811
+def test_export_stream_opens_in_pyarrow_duckdb_and_polars_without_clink(pool_address: str) -> None:
     job, model = _job(), {}
     backends = _four_subtasks_write(pool_address, job, "a", model)
     for b in backends:
@@ -380,7 +380,7 @@ def test_export_stream_opens_in_pyarrow_duckdb_and_polars_without_clink(pool_add
         b.close()
 
 
-def test_connect_refuses_bad_arguments_clearly(pool_address: str) -> None:  # noqa: F811
+def test_connect_refuses_bad_arguments_clearly(pool_address: str) -> None:
     with pytest.raises(InvalidArgumentError, match="key-group range"):
         RemoteReadBackend.connect(pool_address, _job(), (10, 200), FAST)
     with pytest.raises(InvalidArgumentError, match="job"):
@@ -394,7 +394,7 @@ def test_connect_refuses_bad_arguments_clearly(pool_address: str) -> None:  # no
         b.put(OP_COUNT, KEYS[0], b"v")
 
 
-def test_a_damaged_data_file_reaches_the_worker_as_corrupt_data_naming_the_file(pool_store, pool_address: str) -> None:  # noqa: F811
+def test_a_damaged_data_file_reaches_the_worker_as_corrupt_data_naming_the_file(pool_store, pool_address: str) -> None:
     from client import CorruptDataError
 
     job = _job()
@@ -415,7 +415,7 @@ def test_a_damaged_data_file_reaches_the_worker_as_corrupt_data_naming_the_file(
     b.close()
 
 
-def test_after_rewinding_a_newer_checkpoint_outside_the_lineage_is_never_read(pool_address: str) -> None:  # noqa: F811
+def test_after_rewinding_a_newer_checkpoint_outside_the_lineage_is_never_read(pool_address: str) -> None:
     job = _job()
     a = RemoteReadBackend.connect(pool_address, job, (0, 63), FAST)
     b = RemoteReadBackend.connect(pool_address, job, (64, 127), FAST)
@@ -437,7 +437,7 @@ def test_after_rewinding_a_newer_checkpoint_outside_the_lineage_is_never_read(po
     a.close(), b.close()
 
 
-def test_an_export_overlays_a_large_local_delta_itself_as_the_pool_would(pool_address: str, monkeypatch) -> None:  # noqa: F811
+def test_an_export_overlays_a_large_local_delta_itself_as_the_pool_would(pool_address: str, monkeypatch) -> None:
     import client.backend as backend_mod
 
     job, model = _job(), {}

@@ -24,8 +24,6 @@ from tests.client_fixtures import (
     in_range,
     keyed_keys,
     owner,
-    pool_address,  # noqa: F401  # fixture
-    pool_store,  # noqa: F401  # fixture
     table_model,
 )
 
@@ -35,7 +33,7 @@ LAYOUTS = {1: [(0, 127)], 2: TWO, 4: FOUR, 8: EIGHT}
 SMALL_CACHE = BackendConfig(cache_bytes=2_000, call_deadline_s=10)  # small enough that eviction happens
 
 
-def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None:  # noqa: F811
+def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None:
     address = pool_address
     fired: Counter[str] = Counter()
 
@@ -60,7 +58,11 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
         def _backend_for(self, key: bytes) -> RemoteReadBackend:
             return self.backends[owner(self.ranges, key)]
 
-        @rule(writes=st.lists(st.tuples(st.sampled_from(OPS), st.sampled_from(KEYS), st.none() | st.binary(max_size=12)), min_size=1, max_size=8))
+        @rule(
+            writes=st.lists(
+                st.tuples(st.sampled_from(OPS), st.sampled_from(KEYS), st.none() | st.binary(max_size=12)), min_size=1, max_size=8
+            )
+        )
         def write(self, writes: list[tuple[int, bytes, bytes | None]]) -> None:
             """A batch of puts and erases (None) routed to the subtask owning each key."""
             for op, key, value in writes:
@@ -181,4 +183,6 @@ def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None: 
     run_state_machine_as_test(BackendMachine, settings=settings(max_examples=15, stateful_step_count=25, deadline=None, derandomize=True))
     print("rules fired:", dict(fired))
     # derandomized so the rules every run exercises are stable; a failure here means the machine stopped reaching one
-    assert all(fired[r] for r in ("put", "erase", "get", "get_many", "checkpoint", "subtask_fails_and_restores", "rescale", "export")), fired
+    assert all(fired[r] for r in ("put", "erase", "get", "get_many", "checkpoint", "subtask_fails_and_restores", "rescale", "export")), (
+        fired
+    )

@@ -82,7 +82,9 @@ def test_backoff_is_full_jitter_and_capped():
 
 def test_unavailable_is_retried_with_backoff_then_reported():
     sleeps: list[float] = []
-    cfg = PoolClientConfig(call_deadline_s=1.0, retry=RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.05), sleep=sleeps.append, seed=3)
+    cfg = PoolClientConfig(
+        call_deadline_s=1.0, retry=RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.05), sleep=sleeps.append, seed=3
+    )
     with PoolClient(_dead_address(), cfg) as pool:
         with pytest.raises(UnavailableError, match="gave up after 4 attempt"):
             pool.get("job", 1, 7, b"\x00a|b")
@@ -151,7 +153,9 @@ def test_ttl_mask_matches_a_row_by_row_model(rows):
         values.append(value)
         is_ttl = op == 1 and slot == "ttl" and keyed
         expected.append(is_ttl and len(value) >= 8 and now + rel <= now)
-    table = pa.table({"op_id": pa.array(ops, pa.uint64()), "key_bytes": pa.array(keys, pa.binary()), "value_bytes": pa.array(values, pa.binary())})
+    table = pa.table(
+        {"op_id": pa.array(ops, pa.uint64()), "key_bytes": pa.array(keys, pa.binary()), "value_bytes": pa.array(values, pa.binary())}
+    )
     mask = ttl_expired_mask(table, {(1, "ttl", True)}, now)
     assert mask.tolist() == expected
 

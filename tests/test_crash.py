@@ -87,7 +87,7 @@ def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(
                         for rows in halves:
                             model = apply(model, rows)
                         models[cid] = model
-                        for (kg, epoch, rows) in zip(HALVES, epochs, halves, strict=True):
+                        for kg, epoch, rows in zip(HALVES, epochs, halves, strict=True):
                             in_commit.set()
                             result = client.commit_checkpoint(JOB, cid, parent, kg, epoch, changelog(rows))
                             in_commit.clear()
@@ -136,11 +136,13 @@ def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(
     elapsed = time.monotonic() - started
     orphan_files, referenced = orphans(store, JOB)  # relative to complete manifests only, before GC
     orphan_keys = data_before - named
-    print(f"\n[crash] {uri.split(':')[0]}: {iterations} kill -9 of the pool in {elapsed:.1f}s ({kills_mid_commit} while a commit was in flight); "
-          f"{len(acked)} acknowledged and {len(complete)} complete checkpoints all scan to their models; "
-          f"{len(data_before)} data files after the kills: {len(orphan_keys)} orphans (no manifest or part names them), "
-          f"{len(named & data_before)} named; GC removed {len(orphan_keys & set(gc.deleted))} orphans "
-          f"and {gc.temp_files} of {temp_leftovers} temp files; {len(data_after)} data files left")
+    print(
+        f"\n[crash] {uri.split(':')[0]}: {iterations} kill -9 of the pool in {elapsed:.1f}s ({kills_mid_commit} while a commit was in flight); "
+        f"{len(acked)} acknowledged and {len(complete)} complete checkpoints all scan to their models; "
+        f"{len(data_before)} data files after the kills: {len(orphan_keys)} orphans (no manifest or part names them), "
+        f"{len(named & data_before)} named; GC removed {len(orphan_keys & set(gc.deleted))} orphans "
+        f"and {gc.temp_files} of {temp_leftovers} temp files; {len(data_after)} data files left"
+    )
     assert len(acked) >= iterations // 2 and kills_mid_commit >= iterations // 3
     assert set(complete) >= acked and elapsed < 150  # bounded time, generous for a loaded 2-core box
     assert not orphan_files & referenced
@@ -163,9 +165,15 @@ def _named_by_manifests_and_parts(store, job: str) -> set[str]:
             named |= {prefix + f.path for f in parse_manifest(store.get(o.key), o.key).files}
     return named
 
+
 def _worker(address: str, job: str, rows: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.crash_fixtures", "worker", address, job, str(rows)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.crash_fixtures", "worker", address, job, str(rows)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for(proc: subprocess.Popen, line: str, timeout: float = 30) -> None:

@@ -64,7 +64,9 @@ def _check_visible(root: Path, models: dict[int, Model]) -> int:
     infos = core.list_checkpoints(JOB, include_incomplete=True)
     for info in infos:
         if info.complete:
-            assert scan_dict(core, JOB, info.checkpoint_id) == models[info.checkpoint_id], f"checkpoint {info.checkpoint_id} differs from its model"
+            assert scan_dict(core, JOB, info.checkpoint_id) == models[info.checkpoint_id], (
+                f"checkpoint {info.checkpoint_id} differs from its model"
+            )
     latest = core.reader(JOB).latest()
     assert latest in (1, 2)
     assert scan_dict(core, JOB, 0) == models[latest]
@@ -109,7 +111,9 @@ def test_a_fault_at_every_step_of_a_commit_exposes_nothing_half_written_and_the_
         TOTALS["steps"] += 1
         TOTALS["faults"] += faulty.faults_injected
         shutil.rmtree(root)
-    print(f"\n[faults] no retry wrapper, '{kind}' at each of the {steps} store calls of a two-part commit: nothing half-written, retries succeed")
+    print(
+        f"\n[faults] no retry wrapper, '{kind}' at each of the {steps} store calls of a two-part commit: nothing half-written, retries succeed"
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -219,7 +223,9 @@ def test_random_faults_at_20_percent_on_moto_still_let_every_commit_succeed(make
     assert faulty.faults_injected >= 40, faulty.faults
     assert {"error", "throttle", "timeout", "slow"} <= set(faulty.faults)
     TOTALS["faults"] += faulty.faults_injected
-    print(f"\n[faults] 20% random faults on moto: {len(faulty.calls)} store calls, {faulty.faults_injected} faults {dict(faulty.faults)}, 16 commits ok")
+    print(
+        f"\n[faults] 20% random faults on moto: {len(faulty.calls)} store calls, {faulty.faults_injected} faults {dict(faulty.faults)}, 16 commits ok"
+    )
 
 
 def test_a_pool_server_over_a_flaky_store_serves_a_worker_to_the_model(tmp_path: Path):

@@ -12,13 +12,21 @@ from snapshot.messages import ReadLimits, check_stream, open_checked_stream
 
 
 def _table(rows: int, value: bytes = b"v") -> pa.Table:
-    return pa.table({"op_id": pa.array([1] * rows, pa.uint64()), "key_bytes": pa.array([b"\x01" + i.to_bytes(4, "big") for i in range(rows)]),
-                     "value_bytes": pa.array([value] * rows)}, schema=CANONICAL_SCHEMA)
+    return pa.table(
+        {
+            "op_id": pa.array([1] * rows, pa.uint64()),
+            "key_bytes": pa.array([b"\x01" + i.to_bytes(4, "big") for i in range(rows)]),
+            "value_bytes": pa.array([value] * rows),
+        },
+        schema=CANONICAL_SCHEMA,
+    )
 
 
 def _stream(batches: list[pa.RecordBatch], compression: str | None = None) -> bytes:
     sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, CANONICAL_SCHEMA.with_metadata(write_snapshot_metadata()), options=ipc.IpcWriteOptions(compression=compression)) as w:
+    with ipc.new_stream(
+        sink, CANONICAL_SCHEMA.with_metadata(write_snapshot_metadata()), options=ipc.IpcWriteOptions(compression=compression)
+    ) as w:
         for b in batches:
             w.write_batch(b)
     return sink.getvalue().to_pybytes()

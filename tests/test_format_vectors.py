@@ -16,7 +16,9 @@ from snapshot import (
     UnsupportedFormatVersionError,
 )
 
-VECTORS = Path(__file__).resolve().parents[1] / "format-vectors"  # a copy of ../shared/format-vectors (test_format_vectors checks they agree)
+VECTORS = (
+    Path(__file__).resolve().parents[1] / "format-vectors"
+)  # a copy of ../shared/format-vectors (test_format_vectors checks they agree)
 EXPECTED = json.loads((VECTORS / "expected.json").read_text())
 SNAPSHOTS = EXPECTED["snapshots"]
 MERGE = EXPECTED["merge"]

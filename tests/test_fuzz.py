@@ -37,8 +37,13 @@ def _report():
 
 def _valid_blobs() -> list[bytes]:
     keys = [snapshot.encode_keyed_key("s", f"k{i}".encode()) for i in range(20)] + [snapshot.encode_operator_key("o", b"x")]
-    canonical = pa.table({"op_id": pa.array([OP] * len(keys), pa.uint64()), "key_bytes": pa.array(keys, pa.binary()),
-                          "value_bytes": pa.array([f"v{i}".encode() for i in range(len(keys))], pa.binary())})
+    canonical = pa.table(
+        {
+            "op_id": pa.array([OP] * len(keys), pa.uint64()),
+            "key_bytes": pa.array(keys, pa.binary()),
+            "value_bytes": pa.array([f"v{i}".encode() for i in range(len(keys))], pa.binary()),
+        }
+    )
     canonical = canonical.sort_by([("op_id", "ascending"), ("key_bytes", "ascending")])
     versions = snapshot.StateVersionMap({(OP, "value"): 2})
     return [
@@ -68,7 +73,7 @@ def damaged_streams(draw) -> bytes:
     if how == "splice":
         other = draw(st.sampled_from(VALID))
         cut = draw(st.integers(0, len(blob)))
-        return bytes(blob[:cut]) + other[draw(st.integers(0, len(other))):]
+        return bytes(blob[:cut]) + other[draw(st.integers(0, len(other))) :]
     if how == "huge_length":
         i = draw(st.integers(0, max(0, len(blob) - 8)))
         blob[i : i + 4] = draw(st.sampled_from([b"\xff\xff\xff\x7f", b"\x00\x00\x00\x80", b"\xff\xff\xff\xff"]))
@@ -119,11 +124,28 @@ def test_merge_snapshot_bytes_accepts_or_raises_a_typed_error(blobs: list[bytes]
 
 
 def _manifest_doc() -> dict:
-    entry = {"path": "data/a.arrow", "kind": "delta", "kg_lo": 0, "kg_hi": 127, "rows": 3, "size": 100, "sha256": "0" * 64,
-             "segments": [{"kg_lo": 0, "kg_hi": 127, "offset": 0, "length": 100, "rows": 3, "crc32": 7}]}
-    return {"format": "clink.checkpoint-manifest", "version": 1, "job": "j", "checkpoint_id": 2, "parent_id": 1, "created_at_ms": 5,
-            "operators": [{"op_id": 1, "uid": "u"}], "state_versions": "", "files": [entry],
-            "parts": [{"kg_lo": 0, "kg_hi": 127, "epoch": 1, "parent_id": 1, "layers": [["data/a.arrow"]]}]}
+    entry = {
+        "path": "data/a.arrow",
+        "kind": "delta",
+        "kg_lo": 0,
+        "kg_hi": 127,
+        "rows": 3,
+        "size": 100,
+        "sha256": "0" * 64,
+        "segments": [{"kg_lo": 0, "kg_hi": 127, "offset": 0, "length": 100, "rows": 3, "crc32": 7}],
+    }
+    return {
+        "format": "clink.checkpoint-manifest",
+        "version": 1,
+        "job": "j",
+        "checkpoint_id": 2,
+        "parent_id": 1,
+        "created_at_ms": 5,
+        "operators": [{"op_id": 1, "uid": "u"}],
+        "state_versions": "",
+        "files": [entry],
+        "parts": [{"kg_lo": 0, "kg_hi": 127, "epoch": 1, "parent_id": 1, "layers": [["data/a.arrow"]]}],
+    }
 
 
 JSONISH = st.recursive(
@@ -145,16 +167,34 @@ def _paths(doc, prefix=()):
 
 
 MANIFEST_PATHS = list(_paths(_manifest_doc()))
-EVIL_VALUES = ["../../x", "/etc/passwd", "data/../../other/data/x.arrow", "data/\x00.arrow", "\udcff", -1, 1 << 64, 1 << 200, None, [], {}, "op",
-               "", 1.5, True, "data/a.arrow"]
+EVIL_VALUES = [
+    "../../x",
+    "/etc/passwd",
+    "data/../../other/data/x.arrow",
+    "data/\x00.arrow",
+    "\udcff",
+    -1,
+    1 << 64,
+    1 << 200,
+    None,
+    [],
+    {},
+    "op",
+    "",
+    1.5,
+    True,
+    "data/a.arrow",
+]
 
 
 @FAST
-@given(st.one_of(
-    st.binary(max_size=300),
-    JSONISH.map(lambda d: json.dumps(d).encode()),
-    st.tuples(st.sampled_from(MANIFEST_PATHS), st.one_of(st.sampled_from(EVIL_VALUES), JSONISH)),
-))
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        JSONISH.map(lambda d: json.dumps(d).encode()),
+        st.tuples(st.sampled_from(MANIFEST_PATHS), st.one_of(st.sampled_from(EVIL_VALUES), JSONISH)),
+    )
+)
 def test_manifest_parsing_accepts_or_raises_corrupt_data_naming_the_file(data):
     TRIED["parse_manifest"] += 1
     if isinstance(data, tuple):
@@ -176,20 +216,34 @@ def test_manifest_parsing_accepts_or_raises_corrupt_data_naming_the_file(data):
 
 # ---- every gRPC handler ---------------------------------------------------------------------------------------------
 
-ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
-           grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+ALLOWED = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 
 
 @pytest.fixture(scope="module")
 def fuzz_pool(tmp_path_factory):
     store = FileStore(tmp_path_factory.mktemp("fuzz") / "store")
-    server = PoolServer(PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, max_message_bytes=4 << 20, store_retry=None), store=store).start()
+    server = PoolServer(
+        PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0.2, max_message_bytes=4 << 20, store_retry=None), store=store
+    ).start()
     channel = grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", 64 << 20)])
-    acquire = channel.unary_unary(SERVICE + "AcquireWriter", request_serializer=pb.AcquireWriterRequest.SerializeToString,
-                                  response_deserializer=pb.AcquireWriterResponse.FromString)
+    acquire = channel.unary_unary(
+        SERVICE + "AcquireWriter",
+        request_serializer=pb.AcquireWriterRequest.SerializeToString,
+        response_deserializer=pb.AcquireWriterResponse.FromString,
+    )
     epoch = acquire(pb.AcquireWriterRequest(job="fz", key_groups=pb.KeyGroupRange(lo=0, hi=127)), timeout=10).epoch
-    commit = channel.stream_unary(SERVICE + "CommitCheckpoint", request_serializer=pb.CommitChunk.SerializeToString,
-                                  response_deserializer=pb.CommitCheckpointResponse.FromString)
+    commit = channel.stream_unary(
+        SERVICE + "CommitCheckpoint",
+        request_serializer=pb.CommitChunk.SerializeToString,
+        response_deserializer=pb.CommitCheckpointResponse.FromString,
+    )
     header = pb.CommitHeader(job="fz", checkpoint_id=1, key_groups=pb.KeyGroupRange(lo=0, hi=127), epoch=epoch)
     commit(iter([pb.CommitChunk(header=header), pb.CommitChunk(delta=VALID[1])]), timeout=10)
     try:
@@ -291,14 +345,22 @@ def weird_requests(draw):
         if draw(st.booleans()):
             req.key_groups.CopyFrom(kg)
         return method, req
-    header = pb.CommitHeader(job=job, checkpoint_id=cid, parent_id=draw(WEIRD_U64), key_groups=kg, epoch=draw(WEIRD_U64),
-                             state_versions=draw(st.one_of(st.just(""), st.text(max_size=30))),
-                             operators=[pb.OperatorInfo(op_id=o, uid=draw(st.text(max_size=8))) for o in ops[:2]])
+    header = pb.CommitHeader(
+        job=job,
+        checkpoint_id=cid,
+        parent_id=draw(WEIRD_U64),
+        key_groups=kg,
+        epoch=draw(WEIRD_U64),
+        state_versions=draw(st.one_of(st.just(""), st.text(max_size=30))),
+        operators=[pb.OperatorInfo(op_id=o, uid=draw(st.text(max_size=8))) for o in ops[:2]],
+    )
     order = draw(st.sampled_from(["header_first", "no_header", "two_headers", "header_only"]))
-    chunks = {"header_first": [pb.CommitChunk(header=header), pb.CommitChunk(delta=delta)],
-              "no_header": [pb.CommitChunk(delta=delta)],
-              "two_headers": [pb.CommitChunk(header=header), pb.CommitChunk(header=header)],
-              "header_only": [pb.CommitChunk(header=header)]}[order]
+    chunks = {
+        "header_first": [pb.CommitChunk(header=header), pb.CommitChunk(delta=delta)],
+        "no_header": [pb.CommitChunk(delta=delta)],
+        "two_headers": [pb.CommitChunk(header=header), pb.CommitChunk(header=header)],
+        "header_only": [pb.CommitChunk(header=header)],
+    }[order]
     return method, chunks
 
 
@@ -321,8 +383,11 @@ def test_the_server_is_healthy_and_job_state_intact_after_the_fuzzing(fuzz_pool)
     server, channel, store = fuzz_pool
     health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
-    scan = channel.unary_stream(SERVICE + "ScanCheckpoint", request_serializer=pb.ScanCheckpointRequest.SerializeToString,
-                                response_deserializer=pb.ScanChunk.FromString)
+    scan = channel.unary_stream(
+        SERVICE + "ScanCheckpoint",
+        request_serializer=pb.ScanCheckpointRequest.SerializeToString,
+        response_deserializer=pb.ScanChunk.FromString,
+    )
     blob = b"".join(c.data for c in scan(pb.ScanCheckpointRequest(job="fz", checkpoint_id=1), timeout=10))
     expected = snapshot.read_snapshot(snapshot.canonicalise_state_snapshot(VALID[1])).table
     assert sorted(snapshot.read_snapshot(blob).table.to_pylist(), key=repr) == sorted(expected.to_pylist(), key=repr)
@@ -336,4 +401,7 @@ def test_the_server_is_healthy_and_job_state_intact_after_the_fuzzing(fuzz_pool)
         method = rng.choice(UNARY)
         _raw(channel, method, rng.randbytes(rng.randrange(0, 64)))
         TRIED["grpc random burst"] += 1
-    assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+    assert (
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        == health_pb2.HealthCheckResponse.SERVING
+    )

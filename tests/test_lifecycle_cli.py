@@ -38,7 +38,18 @@ def test_savepoint_restore_ls_inspect_round_trip(job_store, tmp_path):
     assert scan_savepoint(archive, "rel-1") == models[7]
     listed = run("ls", "--store", f"file://{tmp_path / 'archive'}", "-o", "json")
     assert listed == {"jobs": [], "savepoints": ["rel-1"]}
-    out = run("restore", "--store", uri, "orders-v2", "--from-savepoint", "rel-1", "--source-store", f"file://{tmp_path / 'archive'}", "-o", "json")
+    out = run(
+        "restore",
+        "--store",
+        uri,
+        "orders-v2",
+        "--from-savepoint",
+        "rel-1",
+        "--source-store",
+        f"file://{tmp_path / 'archive'}",
+        "-o",
+        "json",
+    )
     assert out["job"] == "orders-v2" and out["checkpoint_id"] == 1
     assert out["source_job"] == "orders" and "of job orders (checkpoint 7)" in out["source"]  # whose state it is, said before use
     assert scan_checkpoint(store, "orders-v2", 1) == models[7]

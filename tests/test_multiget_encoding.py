@@ -56,8 +56,13 @@ def test_equal_width_hashes_match_the_mixed_width_path(width: int, n: int, seed:
     collide=st.booleans(),
 )
 def test_index_find_agrees_with_a_dict(rows: dict, queries: list, collide: bool) -> None:
-    table = pa.table({"op_id": pa.array([k[0] for k in rows], pa.uint64()), "key_bytes": pa.array([k[1] for k in rows], pa.binary()),
-                      "value_bytes": pa.array(list(rows.values()), pa.binary())})
+    table = pa.table(
+        {
+            "op_id": pa.array([k[0] for k in rows], pa.uint64()),
+            "key_bytes": pa.array([k[1] for k in rows], pa.binary()),
+            "value_bytes": pa.array(list(rows.values()), pa.binary()),
+        }
+    )
     index = KeyIndex.build(table)
     q_ops = np.array([q[0] for q in queries], dtype=np.uint64)
     q_keys = pa.array([q[1] for q in queries], pa.binary())

@@ -30,7 +30,10 @@ def _fails(check) -> bool:
         ("gc_skips_vanished_manifests", defects.test_defect_03_gc_never_deletes_a_file_a_checkpoint_committed_during_the_run_references),
         ("no_parent_check_after_commit", defects.test_safeguard_a_commit_whose_parent_vanished_after_gc_listed_never_completes),
         ("restore_from_vanished_checkpoint", defects.test_safeguard_a_restore_from_a_checkpoint_deleted_meanwhile_is_refused),
-        ("compaction_forgets_retired_files", defects.test_safeguard_a_commit_racing_a_compaction_of_its_parent_completes_and_keeps_its_files),
+        (
+            "compaction_forgets_retired_files",
+            defects.test_safeguard_a_commit_racing_a_compaction_of_its_parent_completes_and_keeps_its_files,
+        ),
     ],
 )
 def test_a_regression_test_fails_with_its_defect_put_back(tmp_path: Path, name: str, test) -> None:
@@ -39,7 +42,9 @@ def test_a_regression_test_fails_with_its_defect_put_back(tmp_path: Path, name: 
         assert _fails(lambda: test(tmp_path / "mutant")), f"{test.__name__} does not see mutant {name}"
 
 
-@pytest.mark.parametrize(("name", "eras", "start"), [("layers_in_listed_order", properties.DEFECT_1, 4), ("empty_fold_writes_no_base", properties.DEFECT_2, 1)])
+@pytest.mark.parametrize(
+    ("name", "eras", "start"), [("layers_in_listed_order", properties.DEFECT_1, 4), ("empty_fold_writes_no_base", properties.DEFECT_2, 1)]
+)
 def test_the_property_examples_fail_with_their_defect_put_back(name: str, eras, start: int) -> None:
     inner = properties.test_every_history_reads_as_the_model_says.hypothesis.inner_test
     inner(eras=eras, start=start)
@@ -48,16 +53,26 @@ def test_the_property_examples_fail_with_their_defect_put_back(name: str, eras, 
 
 
 # (first seed, seeds) windows holding seeds that kill each mutant today (bench/simulate.py --mutants --seeds 500 finds more)
-SIM_KILLS = {"restore_keeps_its_epoch": (0, 6), "no_restore_records": (0, 12), "operator_writes_folded_into_cache": (60, 6),
-             "retention_forgets_restore_points": (0, 6)}
+SIM_KILLS = {
+    "restore_keeps_its_epoch": (0, 6),
+    "no_restore_records": (0, 12),
+    "operator_writes_folded_into_cache": (60, 6),
+    "retention_forgets_restore_points": (0, 6),
+}
 
 
 @pytest.mark.parametrize("name", sorted(SIM_KILLS))
 def test_the_simulation_kills_the_mutant(name: str) -> None:
     env = dict(os.environ, PYTHONHASHSEED="0")
     start, seeds = SIM_KILLS[name]
-    run = subprocess.run([sys.executable, "bench/simulate.py", "--start", str(start), "--seeds", str(seeds), "--jobs", "2", "--mutant", name],
-                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "bench/simulate.py", "--start", str(start), "--seeds", str(seeds), "--jobs", "2", "--mutant", name],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 1 and "FAILED seed" in run.stderr, f"no seed of {start}..{start + seeds - 1} caught {name}"
 
 

@@ -50,7 +50,13 @@ def views(store, job: str, cid: int) -> list[tuple[bool, bytes]]:
         out.append((found_many[0], values[0]))
     reader = CheckpointReader(store, job)  # what clink/tools/stored.py (the CLI) opens
     table = reader.read_manifest_table(reader.manifest(cid))
-    d = dict(zip(zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True), table.column("value_bytes").to_pylist(), strict=True))
+    d = dict(
+        zip(
+            zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True),
+            table.column("value_bytes").to_pylist(),
+            strict=True,
+        )
+    )
     out.append(((OP, K) in d, d.get((OP, K), b"")))
     return out
 
@@ -126,7 +132,9 @@ def test_compacting_one_part_does_not_resurrect_older_operator_state(backend, re
     ea, eb = two_subtask_history(core, "j")
     commit(core, "j", 3, 2, A, ea, keyed_rows(A, "a3"))
     commit(core, "j", 3, 2, B, eb, [])  # B's part keeps 2 layers, A's has 3: only A's is over the threshold
-    life = Lifecycle(store, LifecycleConfig(compact_max_layers=2), cache=SegmentCache(8 << 20), on_manifest_replaced=lambda *_: core.cache.clear())
+    life = Lifecycle(
+        store, LifecycleConfig(compact_max_layers=2), cache=SegmentCache(8 << 20), on_manifest_replaced=lambda *_: core.cache.clear()
+    )
     before = scan_dict(PoolCore(store, CONFIG), "j", 3)
     result = life.compact("j", 3)
     assert [(lo, hi) for lo, hi, _ in result.folded] == [(0, 63)]
@@ -151,7 +159,16 @@ def test_savepoint_fold_and_restore_keep_the_newest_operator_state(file_store):
     life.savepoint("j", 2, "sp")
     reader, manifest, _ = life.open_savepoint("sp")
     folded = life.read_table(reader, manifest)
-    assert dict(zip(zip(folded.column("op_id").to_pylist(), folded.column("key_bytes").to_pylist(), strict=True), folded.column("value_bytes").to_pylist(), strict=True))[(OP, K)] == b"v2"
+    assert (
+        dict(
+            zip(
+                zip(folded.column("op_id").to_pylist(), folded.column("key_bytes").to_pylist(), strict=True),
+                folded.column("value_bytes").to_pylist(),
+                strict=True,
+            )
+        )[(OP, K)]
+        == b"v2"
+    )
     for source in ({"savepoint": "sp"}, {"job": "j", "checkpoint_id": 2}):
         new = f"r-{len(source)}"
         life.restore_job(new, **source)
@@ -187,7 +204,9 @@ OP_KEYS = [op_key(f"o{i}") for i in range(4)]
 def test_operator_state_matches_a_model_applied_in_checkpoint_order(tmp_path_factory, plan):
     store = FileStore(tmp_path_factory.mktemp("rec"))
     core = PoolCore(store, CONFIG)
-    life = Lifecycle(store, LifecycleConfig(compact_max_layers=2), cache=SegmentCache(8 << 20), on_manifest_replaced=lambda *_: core.cache.clear())
+    life = Lifecycle(
+        store, LifecycleConfig(compact_max_layers=2), cache=SegmentCache(8 << 20), on_manifest_replaced=lambda *_: core.cache.clear()
+    )
     model: dict[tuple[int, bytes], bytes] = {}
     ranges: list[KeyGroupRange] = []
     epochs: dict[KeyGroupRange, int] = {}

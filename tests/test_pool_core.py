@@ -37,7 +37,9 @@ def _check_checkpoint(core: PoolCore, job: str, cid: int, model: dict, universe:
     assert scan_dict(core, job, cid, KeyGroupRange(lo, hi)) == filter_model(model, lo, hi)
     op = OP_IDS["window"]
     assert scan_dict(core, job, cid, None, [op]) == filter_model(model, 0, 127, [op])
-    probe = [(OP_IDS[o], keyed(u)) for o in OPERATORS for u in universe[:25]] + [(OP_IDS[o], op_key(f"o{i}")) for o in OPERATORS for i in range(3)]
+    probe = [(OP_IDS[o], keyed(u)) for o in OPERATORS for u in universe[:25]] + [
+        (OP_IDS[o], op_key(f"o{i}")) for o in OPERATORS for i in range(3)
+    ]
     found, values, answered = core.multi_get(job, cid, [p[0] for p in probe], [p[1] for p in probe])
     assert answered == cid
     assert found == [p in model for p in probe]
@@ -184,7 +186,11 @@ def test_operator_state_collisions_follow_the_merge_rule(file_store):
     assert core.get("j", 1, src, op_key("watermark")) == (True, big, 1)
 
 
-@pytest.mark.parametrize("new_ranges", [[KeyGroupRange(0, 63), KeyGroupRange(64, 127)], [KeyGroupRange(i * 16, i * 16 + 15) for i in range(8)]], ids=["4to2", "4to8"])
+@pytest.mark.parametrize(
+    "new_ranges",
+    [[KeyGroupRange(0, 63), KeyGroupRange(64, 127)], [KeyGroupRange(i * 16, i * 16 + 15) for i in range(8)]],
+    ids=["4to2", "4to8"],
+)
 def test_rescale_from_four_subtasks(store, new_ranges):
     rng = random.Random(11)
     core = PoolCore(store, SMALL)
@@ -204,7 +210,9 @@ def test_rescale_from_four_subtasks(store, new_ranges):
         commit(core, "job", 3, 2, RANGES4[0], old_epochs[0], [])
     for cid in (3, 4):
         for kg, epoch in zip(new_ranges, new_epochs, strict=True):
-            rows = random_delta(rng, {k: v for k, v in keyed_model.items() if kg.lo <= k[1][0] <= kg.hi}, keys_in_range(kg.lo, kg.hi, 15), [], 20, cid)
+            rows = random_delta(
+                rng, {k: v for k, v in keyed_model.items() if kg.lo <= k[1][0] <= kg.hi}, keys_in_range(kg.lo, kg.hi, 15), [], 20, cid
+            )
             commit(core, "job", cid, cid - 1, kg, epoch, rows)
             apply(keyed_model, rows)
         cold = PoolCore(store, SMALL)
@@ -263,9 +271,19 @@ def test_often_read_checkpoint_gets_a_merged_index_in_the_background(file_store)
 
     core = PoolCore(file_store, PoolConfig(resolved_index_after=2))
     epoch, _ = core.acquire_writer("j", FULL)
-    rows = [(s.ROW_PUT, OP_IDS["source"], keyed(f"k{i}"), str(i).encode()) for i in range(500)] + [(s.ROW_PUT, OP_IDS["sink"], op_key("o"), b"op")]
+    rows = [(s.ROW_PUT, OP_IDS["source"], keyed(f"k{i}"), str(i).encode()) for i in range(500)] + [
+        (s.ROW_PUT, OP_IDS["sink"], op_key("o"), b"op")
+    ]
     commit(core, "j", 1, 0, FULL, epoch, rows)
-    commit(core, "j", 2, 1, FULL, epoch, [(s.ROW_ERASE, OP_IDS["source"], keyed("k1"), b""), (s.ROW_PUT, OP_IDS["source"], keyed("k2"), b"two")])
+    commit(
+        core,
+        "j",
+        2,
+        1,
+        FULL,
+        epoch,
+        [(s.ROW_ERASE, OP_IDS["source"], keyed("k1"), b""), (s.ROW_PUT, OP_IDS["source"], keyed("k2"), b"two")],
+    )
     ops = [OP_IDS["source"]] * 4 + [OP_IDS["sink"]]
     keys = [keyed("k0"), keyed("k1"), keyed("k2"), keyed("nope"), op_key("o")]
     expected = ([True, False, True, False, True], [b"0", b"", b"two", b"", b"op"], 2)

@@ -259,7 +259,9 @@ def test_unknown_job_and_checkpoint_are_not_found(store):
 
 def _bad_commits(epoch: int) -> list[tuple[str, CommitRequest, list[bytes]]]:
     good = changelog([_put("a")])
-    wrong_schema = s.write_snapshot(pa.table({"op_id": pa.array([1], pa.uint64()), "key_bytes": [b"\x01k"], "value_bytes": [b"v"]})).replace(b"value_bytes", b"value_bytez")
+    wrong_schema = s.write_snapshot(
+        pa.table({"op_id": pa.array([1], pa.uint64()), "key_bytes": [b"\x01k"], "value_bytes": [b"v"]})
+    ).replace(b"value_bytes", b"value_bytez")
     outside = keys_in_range(64, 127, 1)[0]
     return [
         ("malformed arrow", CommitRequest("j", 2, 1, LOW, epoch), [b"definitely not arrow"]),

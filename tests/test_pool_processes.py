@@ -31,8 +31,26 @@ class ServeProcess:
     def __init__(self, store_uri: str, endpoint: str, log_path: Path) -> None:
         env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", PYTHONUNBUFFERED="1")
         env.pop("AWS_PROFILE", None)
-        cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", store_uri, "--listen", "127.0.0.1:0",
-               "--s3-endpoint-url", endpoint, "--s3-region", "us-east-1", "--output", "json", "--grace", "2", "--max-workers", "8"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "clink.cli.pool",
+            "serve",
+            "--store",
+            store_uri,
+            "--listen",
+            "127.0.0.1:0",
+            "--s3-endpoint-url",
+            endpoint,
+            "--s3-region",
+            "us-east-1",
+            "--output",
+            "json",
+            "--grace",
+            "2",
+            "--max-workers",
+            "8",
+        ]
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115  # closed in stop()
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self._log)
@@ -65,7 +83,9 @@ class ServeProcess:
 
 
 @pytest.fixture
-def two_pools(moto_endpoint: str, make_s3_store: Callable[..., ObjectStore], tmp_path: Path) -> Iterator[tuple[RawPool, RawPool, list[ServeProcess]]]:
+def two_pools(
+    moto_endpoint: str, make_s3_store: Callable[..., ObjectStore], tmp_path: Path
+) -> Iterator[tuple[RawPool, RawPool, list[ServeProcess]]]:
     bucket = f"procs-{uuid.uuid4().hex[:16]}"
     make_s3_store(bucket)  # creates the bucket
     procs: list[ServeProcess] = []
@@ -199,7 +219,9 @@ def test_serve_fails_with_one_clear_line_and_a_trustworthy_exit_code(args: list[
 
 
 def test_serve_help_teaches() -> None:
-    done = subprocess.run([sys.executable, "-m", "clink.cli.pool", "serve", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "clink.cli.pool", "serve", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0
     for flag in ("--store", "--listen", "--metrics-port", "--s3-endpoint-url", "--s3-region", "SIGTERM"):
         assert flag in done.stdout

@@ -12,6 +12,7 @@ from tests.pool_server_fixtures import OPS, RawPool, apply, changelog_bytes, key
 
 pytestmark = pytest.mark.seaweedfs
 
+
 def test_seaweedfs_honours_conditional_writes(seaweed: StoreConfig) -> None:
     from store.s3 import S3Store
 

@@ -184,7 +184,9 @@ def test_bad_input_gets_the_right_status_and_changes_nothing(served: tuple[PoolS
     expect(ia, lambda: pool.stub.CommitCheckpoint(iter([pb.CommitChunk(delta=changelog_bytes(rows))]), timeout=10), "header")
     expect(ia, lambda: pool.stub.CommitCheckpoint(iter([]), timeout=10), "header")
     header = pb.CommitHeader(job=job, checkpoint_id=2, parent_id=1, key_groups=pb.KeyGroupRange(lo=0, hi=63), epoch=epoch)
-    expect(ia, lambda: pool.stub.CommitCheckpoint(iter([pb.CommitChunk(header=header), pb.CommitChunk(header=header)]), timeout=10), "header")
+    expect(
+        ia, lambda: pool.stub.CommitCheckpoint(iter([pb.CommitChunk(header=header), pb.CommitChunk(header=header)]), timeout=10), "header"
+    )
     no_range = pb.CommitHeader(job=job, checkpoint_id=2, parent_id=1, epoch=epoch)
     expect(ia, lambda: pool.stub.CommitCheckpoint(iter([pb.CommitChunk(header=no_range)]), timeout=10), "key_groups")
     # a stale epoch: a newer writer took over an overlapping range
@@ -214,7 +216,11 @@ def test_flipped_byte_in_a_data_file_is_data_loss_naming_the_file(
     # a fresh server has nothing cached: its reads go to the flipped bytes
     reader = RawPool(make_server(store).address)
     name = victim.rsplit("/", 1)[-1]
-    for call in (lambda: reader.scan_bytes(job, 1), lambda: reader.get(job, 1, OPS[0], keys[0]), lambda: reader.multi_get(job, 1, [OPS[0]], keys[:5])):
+    for call in (
+        lambda: reader.scan_bytes(job, 1),
+        lambda: reader.get(job, 1, OPS[0], keys[0]),
+        lambda: reader.multi_get(job, 1, [OPS[0]], keys[:5]),
+    ):
         with pytest.raises(grpc.RpcError) as excinfo:
             call()
         assert _code(excinfo) == grpc.StatusCode.DATA_LOSS
@@ -256,7 +262,9 @@ def test_concurrent_same_checkpoint_same_range_one_wins_the_other_is_aborted(ser
     assert len(pool.scan(job, 1)) == len(keys)
 
 
-def test_object_store_outage_is_unavailable_and_the_server_keeps_serving(s3_config: StoreConfig, make_server: Callable[..., PoolServer]) -> None:
+def test_object_store_outage_is_unavailable_and_the_server_keeps_serving(
+    s3_config: StoreConfig, make_server: Callable[..., PoolServer]
+) -> None:
     from moto.server import ThreadedMotoServer
 
     from store.s3 import S3Store
@@ -264,8 +272,15 @@ def test_object_store_outage_is_unavailable_and_the_server_keeps_serving(s3_conf
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     host, port = moto.get_host_and_port()
-    config = StoreConfig(endpoint_url=f"http://{host}:{port}", region="us-east-1", access_key_id="testing", secret_access_key="testing",
-                         max_attempts=1, connect_timeout_s=1, read_timeout_s=5)
+    config = StoreConfig(
+        endpoint_url=f"http://{host}:{port}",
+        region="us-east-1",
+        access_key_id="testing",
+        secret_access_key="testing",
+        max_attempts=1,
+        connect_timeout_s=1,
+        read_timeout_s=5,
+    )
     store = S3Store("outage-bucket", "", config)
     store.create_bucket()
     server = make_server(store)
@@ -275,12 +290,17 @@ def test_object_store_outage_is_unavailable_and_the_server_keeps_serving(s3_conf
     pool.commit("survivor", 1, 0, epoch, changelog_bytes([(snapshot.ROW_PUT, OPS[0], k, b"v") for k in keys]))
     moto.stop()
     try:
-        for call in (lambda: pool.acquire("survivor"), lambda: pool.checkpoints("survivor"),
-                     lambda: pool.commit("survivor", 2, 1, epoch, changelog_bytes([(snapshot.ROW_PUT, OPS[0], keys[0], b"w")]))):
+        for call in (
+            lambda: pool.acquire("survivor"),
+            lambda: pool.checkpoints("survivor"),
+            lambda: pool.commit("survivor", 2, 1, epoch, changelog_bytes([(snapshot.ROW_PUT, OPS[0], keys[0], b"w")])),
+        ):
             with pytest.raises(grpc.RpcError) as excinfo:
                 call()
             assert _code(excinfo) == grpc.StatusCode.UNAVAILABLE, excinfo.value.details()
-            assert str(port) in excinfo.value.details() or "unreachable" in excinfo.value.details() or "unavailable" in excinfo.value.details()
+            assert (
+                str(port) in excinfo.value.details() or "unreachable" in excinfo.value.details() or "unavailable" in excinfo.value.details()
+            )
         health = health_pb2_grpc.HealthStub(pool.channel).Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
     finally:
@@ -303,8 +323,15 @@ def test_dead_endpoint_is_unavailable(make_server: Callable[..., PoolServer]) ->
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead_port = s.getsockname()[1]
-    config = StoreConfig(endpoint_url=f"http://127.0.0.1:{dead_port}", region="us-east-1", access_key_id="x", secret_access_key="y",
-                         max_attempts=1, connect_timeout_s=1, read_timeout_s=2)
+    config = StoreConfig(
+        endpoint_url=f"http://127.0.0.1:{dead_port}",
+        region="us-east-1",
+        access_key_id="x",
+        secret_access_key="y",
+        max_attempts=1,
+        connect_timeout_s=1,
+        read_timeout_s=2,
+    )
     pool = RawPool(make_server(S3Store("nowhere", "", config)).address)
     for _ in range(2):
         with pytest.raises(grpc.RpcError) as excinfo:
@@ -433,9 +460,13 @@ def test_stream_chunks_concatenate_to_the_writer_output(n: int, chunk: int, seed
     from pool.streaming import stream_chunks
 
     rng = random.Random(seed)
-    table = pa.table({"op_id": pa.array([rng.getrandbits(64) for _ in range(n)], pa.uint64()),
-                      "key_bytes": [rng.randbytes(rng.randint(1, 20)) for _ in range(n)],
-                      "value_bytes": [rng.randbytes(rng.randint(0, 40)) for _ in range(n)]})
+    table = pa.table(
+        {
+            "op_id": pa.array([rng.getrandbits(64) for _ in range(n)], pa.uint64()),
+            "key_bytes": [rng.randbytes(rng.randint(1, 20)) for _ in range(n)],
+            "value_bytes": [rng.randbytes(rng.randint(0, 40)) for _ in range(n)],
+        }
+    )
     writer = snapshot.SnapshotArrowWriter(snapshot.StateVersionMap({(7, "ListState"): 3}))
     chunks = list(stream_chunks(writer, table, chunk))
     assert b"".join(chunks) == writer.write(table)

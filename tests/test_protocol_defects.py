@@ -405,8 +405,17 @@ def test_examine_get_finds_an_empty_legacy_key_that_a_scan_returns(tmp_path):
 
     encoded = encode_datafile(table, changelog=False)
     store.put("jobs/j/data/base.arrow", encoded.data)
-    m = Manifest(MANIFEST_FORMAT, "j", 1, 0, 0, (), "", (Part(0, 127, 1, 0, (("data/base.arrow",),)),),
-                 (encoded.entry("data/base.arrow", KIND_BASE, 0, 127, 1),))
+    m = Manifest(
+        MANIFEST_FORMAT,
+        "j",
+        1,
+        0,
+        0,
+        (),
+        "",
+        (Part(0, 127, 1, 0, (("data/base.arrow",),)),),
+        (encoded.entry("data/base.arrow", KIND_BASE, 0, 127, 1),),
+    )
     store.put("jobs/j/chk-1/_metadata", m.to_json())
     core = PoolCore(store)
     assert scan_dict(core, "j", 1)[(OP, b"")] == b"empty"

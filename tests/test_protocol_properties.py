@@ -44,15 +44,21 @@ def even(n: int) -> list[KeyGroupRange]:
     return [KeyGroupRange(i * step, i * step + step - 1) for i in range(n)]
 
 
-write = st.tuples(st.booleans(), st.integers(0, 9), st.sampled_from(OPS), st.sampled_from(["put8", "puttext", "erase"]), st.integers(-5, 99))
-commit = st.tuples(st.lists(st.lists(write, max_size=4), min_size=8, max_size=8), st.sampled_from(["sparse", "sparse", "sparse", "erase-all"]))
-era = st.fixed_dictionaries({
-    "move": st.sampled_from([-1, 1, 1, -1, 0]),  # halve or double the parallelism (or keep it)
-    "back": st.sampled_from([0, 0, 0, 1, 2]),  # > 0: a rewind, whose commits reuse the ids after its base
-    "commits": st.lists(commit, min_size=1, max_size=3),
-    "compact": st.sampled_from([None, None, 0, 1]),  # compact the latest (0) or the one before (1) after the era
-    "force": st.booleans(),
-})
+write = st.tuples(
+    st.booleans(), st.integers(0, 9), st.sampled_from(OPS), st.sampled_from(["put8", "puttext", "erase"]), st.integers(-5, 99)
+)
+commit = st.tuples(
+    st.lists(st.lists(write, max_size=4), min_size=8, max_size=8), st.sampled_from(["sparse", "sparse", "sparse", "erase-all"])
+)
+era = st.fixed_dictionaries(
+    {
+        "move": st.sampled_from([-1, 1, 1, -1, 0]),  # halve or double the parallelism (or keep it)
+        "back": st.sampled_from([0, 0, 0, 1, 2]),  # > 0: a rewind, whose commits reuse the ids after its base
+        "commits": st.lists(commit, min_size=1, max_size=3),
+        "compact": st.sampled_from([None, None, 0, 1]),  # compact the latest (0) or the one before (1) after the era
+        "force": st.booleans(),
+    }
+)
 
 
 def _era(move: int, commits: list, compact: int | None = None, force: bool = False, back: int = 0) -> dict:
@@ -68,13 +74,18 @@ _NONE = _writes()
 # the reviewed defects as explicit examples, so the search always starts from them:
 # 1. 4 -> 2 -> 4 -> 2: k2 (key group 40) written by the second quarter, overwritten by the first half together with k5
 #    (key group 13); joined in key-group order, the quarter's older file came after the half's newer one
-DEFECT_1 = [_era(0, [_writes(w1=[(False, 1, OPS[0], "puttext", 1)])]),
-            _era(-1, [_writes(w0=[(False, 3, OPS[0], "puttext", 2), (False, 0, OPS[0], "puttext", 3)])]),
-            _era(1, [_NONE]), _era(-1, [_NONE])]
+DEFECT_1 = [
+    _era(0, [_writes(w1=[(False, 1, OPS[0], "puttext", 1)])]),
+    _era(-1, [_writes(w0=[(False, 3, OPS[0], "puttext", 2), (False, 0, OPS[0], "puttext", 3)])]),
+    _era(1, [_NONE]),
+    _era(-1, [_NONE]),
+]
 # 2. one writer puts operator state; after a scale-out one half erases it and the other writes nothing; a forced
 #    compaction folds the first half to nothing, and the other half's copy of the put came back
-DEFECT_2 = [_era(0, [_writes(w0=[(True, 0, OPS[0], "puttext", 1)])]),
-            _era(1, [_writes(w0=[(True, 0, OPS[0], "erase", 0)])], compact=0, force=True)]
+DEFECT_2 = [
+    _era(0, [_writes(w0=[(True, 0, OPS[0], "puttext", 1)])]),
+    _era(1, [_writes(w0=[(True, 0, OPS[0], "erase", 0)])], compact=0, force=True),
+]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -117,7 +128,13 @@ def test_every_history_reads_as_the_model_says(eras, start):
                         key = keyed_here[idx % len(keyed_here)]
                     else:
                         continue
-                    value = None if kind == "erase" else number.to_bytes(8, "little", signed=True) if kind == "put8" else f"v{cid}-{step}".encode()
+                    value = (
+                        None
+                        if kind == "erase"
+                        else number.to_bytes(8, "little", signed=True)
+                        if kind == "put8"
+                        else f"v{cid}-{step}".encode()
+                    )
                     step += 1
                     rows.append((s.ROW_ERASE, op, key, b"") if value is None else (s.ROW_PUT, op, key, value))
                     if operator:
@@ -147,14 +164,27 @@ def test_every_history_reads_as_the_model_says(eras, start):
 def check(core: PoolCore, cid: int, model: Model) -> None:
     """Scan (whole and by ranges) and point reads of checkpoint cid all agree with the model."""
     table, _ = core.scan_table("j", cid, None, [], None)
-    got = dict(zip(zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True),
-                   table.column("value_bytes").to_pylist(), strict=True))
+    got = dict(
+        zip(
+            zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True),
+            table.column("value_bytes").to_pylist(),
+            strict=True,
+        )
+    )
     assert got == model, f"checkpoint {cid}: scan differs from the model"
     for lo, hi in ((0, 40), (41, 41), (42, 127)):
         part, _ = core.scan_table("j", cid, KeyGroupRange(lo, hi), [], None)
         want = {k: v for k, v in model.items() if k[1][0] >= 128 or lo <= k[1][0] <= hi}
-        assert dict(zip(zip(part.column("op_id").to_pylist(), part.column("key_bytes").to_pylist(), strict=True),
-                        part.column("value_bytes").to_pylist(), strict=True)) == want
+        assert (
+            dict(
+                zip(
+                    zip(part.column("op_id").to_pylist(), part.column("key_bytes").to_pylist(), strict=True),
+                    part.column("value_bytes").to_pylist(),
+                    strict=True,
+                )
+            )
+            == want
+        )
     probe = [(op, k) for op in OPS for k in KEYED + OPERATOR]
     found, values, _ = core.multi_get("j", cid, [p[0] for p in probe], [p[1] for p in probe])
     assert {p: v for p, f, v in zip(probe, found, values, strict=True) if f} == model, f"checkpoint {cid}: point reads differ"

@@ -30,7 +30,8 @@ FINDINGS = {
 @pytest.mark.parametrize("name", sorted(FINDINGS))
 def test_review_finding_stays_fixed(name: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    run = subprocess.run([sys.executable, str(REPO / "tests" / "review" / f"{name}.py")], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=180)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "review" / f"{name}.py")], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+    )
     last = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     assert run.returncode == 0 and last in ("ok", "held"), f"{FINDINGS[name]}:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"

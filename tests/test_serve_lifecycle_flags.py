@@ -55,7 +55,9 @@ def test_serve_refuses_out_of_range_lifecycle_flags_as_usage_errors():
 
 
 def test_serve_help_names_the_lifecycle_defaults_it_really_uses():
-    done = subprocess.run([sys.executable, "-m", "clink.cli.pool", "serve", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "clink.cli.pool", "serve", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    )
     text = " ".join(done.stdout.split())
     defaults = LifecycleConfig()
     assert "--gc-min-age-s FLOAT RANGE CollectGarbage" in text

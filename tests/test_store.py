@@ -50,8 +50,15 @@ def test_s3_missing_bucket_is_not_found(s3_config):
 def test_s3_unreachable_endpoint_is_unavailable():
     from store.s3 import S3Store
 
-    cfg = StoreConfig(endpoint_url="http://127.0.0.1:9", region="us-east-1", access_key_id="x", secret_access_key="y",
-                      max_attempts=1, connect_timeout_s=0.5, read_timeout_s=0.5)
+    cfg = StoreConfig(
+        endpoint_url="http://127.0.0.1:9",
+        region="us-east-1",
+        access_key_id="x",
+        secret_access_key="y",
+        max_attempts=1,
+        connect_timeout_s=0.5,
+        read_timeout_s=0.5,
+    )
     with pytest.raises(UnavailableError, match="127.0.0.1:9|unreachable"):
         S3Store("b", "", cfg).get("k")
 
@@ -64,5 +71,3 @@ def test_file_store_hides_its_temp_files(file_store):
     file_store.put("a", b"1")
     assert [i.key for i in file_store.list("")] == ["a"]
     assert list((file_store.root / ".clink-tmp").iterdir()) == []
-
-

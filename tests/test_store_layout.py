@@ -100,7 +100,13 @@ def test_reader_without_the_pool_reads_what_the_pool_scans(committed):
     assert reader.list_checkpoints() == [1, 2] and reader.latest() == 2
     for cid in (1, 2):
         table = reader.read_table(cid)
-        got = dict(zip(zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True), table.column("value_bytes").to_pylist(), strict=True))
+        got = dict(
+            zip(
+                zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True),
+                table.column("value_bytes").to_pylist(),
+                strict=True,
+            )
+        )
         assert got == scan_dict(core, "j", cid)
     part = reader.read_table(0, key_groups=(10, 20))
     lead = s.leading_bytes(part.column("key_bytes"))
@@ -214,7 +220,13 @@ def test_key_index_matches_a_dict(rows, probes):
 def test_key_index_survives_hash_collisions():
     """Every key given the same hash: the exact comparison still finds each one (and only it)."""
     keys = [b"\x01" + b"a" * 20 + bytes([c]) + b"b" * 20 for c in range(50)]
-    table = pa.table({"op_id": pa.array([7] * 50, pa.uint64()), "key_bytes": pa.array(keys, pa.binary()), "value_bytes": pa.array([bytes([c]) for c in range(50)], pa.binary())})
+    table = pa.table(
+        {
+            "op_id": pa.array([7] * 50, pa.uint64()),
+            "key_bytes": pa.array(keys, pa.binary()),
+            "value_bytes": pa.array([bytes([c]) for c in range(50)], pa.binary()),
+        }
+    )
     index = KeyIndex(table, np.zeros(50, dtype=np.uint64), np.arange(50))
     q_keys = pa.array(keys[::-1] + [b"\x01" + b"a" * 20 + b"\xff" + b"b" * 20], pa.binary())
     q_ops = np.full(51, 7, dtype=np.uint64)
@@ -229,19 +241,42 @@ _ROWS = st.lists(st.tuples(st.integers(0, 2), st.binary(min_size=1, max_size=6),
 
 
 @settings(max_examples=60, deadline=None)
-@given(base_rows=_ROWS, change=st.lists(st.tuples(st.sampled_from([0, 1, 2]), st.integers(0, 2), st.binary(min_size=1, max_size=6), st.binary(max_size=5)), max_size=30), split=st.integers(0, 40))
+@given(
+    base_rows=_ROWS,
+    change=st.lists(
+        st.tuples(st.sampled_from([0, 1, 2]), st.integers(0, 2), st.binary(min_size=1, max_size=6), st.binary(max_size=5)), max_size=30
+    ),
+    split=st.integers(0, 40),
+)
 def test_overlay_pieces_then_assemble_equals_snapshot_overlay(base_rows, change, split):
     base_map = {(o, k): v for o, k, v in base_rows}
-    base = pa.table({"op_id": pa.array([k[0] for k in base_map], pa.uint64()), "key_bytes": pa.array([k[1] for k in base_map], pa.binary()),
-                     "value_bytes": pa.array(list(base_map.values()), pa.binary())})
+    base = pa.table(
+        {
+            "op_id": pa.array([k[0] for k in base_map], pa.uint64()),
+            "key_bytes": pa.array([k[1] for k in base_map], pa.binary()),
+            "value_bytes": pa.array(list(base_map.values()), pa.binary()),
+        }
+    )
     base = pa.concat_tables([base.slice(0, split), base.slice(split)])  # several chunks, as segments are
-    changelog = pa.table({"row_kind": pa.array([c[0] for c in change], pa.uint8()), "op_id": pa.array([c[1] for c in change], pa.uint64()),
-                          "key_bytes": pa.array([c[2] for c in change], pa.binary()), "value_bytes": pa.array([c[3] for c in change], pa.binary())})
+    changelog = pa.table(
+        {
+            "row_kind": pa.array([c[0] for c in change], pa.uint8()),
+            "op_id": pa.array([c[1] for c in change], pa.uint64()),
+            "key_bytes": pa.array([c[2] for c in change], pa.binary()),
+            "value_bytes": pa.array([c[3] for c in change], pa.binary()),
+        }
+    )
     expected = s.overlay(base, changelog)
     got = assemble(_overlay_pieces([(base, None)], changelog))
     assert all(c.num_chunks <= 1 for c in got.columns)
 
     def as_dict(t: pa.Table) -> dict:
-        return dict(zip(zip(t.column("op_id").to_pylist(), t.column("key_bytes").to_pylist(), strict=True), t.column("value_bytes").to_pylist(), strict=True))
+        return dict(
+            zip(
+                zip(t.column("op_id").to_pylist(), t.column("key_bytes").to_pylist(), strict=True),
+                t.column("value_bytes").to_pylist(),
+                strict=True,
+            )
+        )
 
     assert as_dict(got) == as_dict(expected) and got.num_rows == expected.num_rows

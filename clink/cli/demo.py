@@ -28,8 +28,22 @@ TWO = [(0, 63), (64, 127)]
 # four source splits (think: Kafka partitions), one line per record
 SPLITS = [
     ["the quick brown fox", "jumps over the lazy dog", "the dog sleeps", "a fox runs far", "state lives in the pool", "more words arrive"],
-    ["streams of words", "the pool keeps checkpoints", "workers keep deltas", "a lazy restore reads little", "the end", "after the rescale"],
-    ["every word is counted", "once and only once", "the fox and the dog", "checkpoints are incremental", "rescale to two", "two subtasks now"],
+    [
+        "streams of words",
+        "the pool keeps checkpoints",
+        "workers keep deltas",
+        "a lazy restore reads little",
+        "the end",
+        "after the rescale",
+    ],
+    [
+        "every word is counted",
+        "once and only once",
+        "the fox and the dog",
+        "checkpoints are incremental",
+        "rescale to two",
+        "two subtasks now",
+    ],
     ["arrow streams out", "duckdb queries the export", "the quick dog", "brown words again", "the last line", "the dog again"],
 ]
 
@@ -132,7 +146,9 @@ def _query(blob: bytes, echo: Callable[[str], None]) -> dict[str, int]:
     keys = counts.column("key_bytes").combine_chunks()
     words = pc.utf8_slice_codeunits(keys.cast(pa.string()), prefix_len)  # [kg]count|word; words are ASCII
     values = counts.column("value_bytes").combine_chunks()
-    ints = np.frombuffer(values.buffers()[2], dtype="<i8", count=len(values), offset=values.offset * 8) if len(values) else np.zeros(0, "<i8")
+    ints = (
+        np.frombuffer(values.buffers()[2], dtype="<i8", count=len(values), offset=values.offset * 8) if len(values) else np.zeros(0, "<i8")
+    )
     word_counts = pa.table({"word": words, "n": pa.array(ints)})
     raw = table
     con = duckdb.connect()
@@ -140,7 +156,9 @@ def _query(blob: bytes, echo: Callable[[str], None]) -> dict[str, int]:
     con.register("raw", raw)
     echo("  DuckDB> SELECT op_id, count(*) AS rows, sum(octet_length(value_bytes)) AS value_bytes FROM raw GROUP BY op_id")
     names = {snapshot.operator_id(u): u for u in (COUNT_UID, SOURCE_UID)}
-    for op_id, rows, size in con.execute("SELECT op_id, count(*), sum(octet_length(value_bytes)) FROM raw GROUP BY op_id ORDER BY 2 DESC").fetchall():
+    for op_id, rows, size in con.execute(
+        "SELECT op_id, count(*), sum(octet_length(value_bytes)) FROM raw GROUP BY op_id ORDER BY 2 DESC"
+    ).fetchall():
         echo(f"    {names.get(op_id, op_id):<10} {rows:>4} rows {size:>5} B")
     echo("  DuckDB> SELECT word, n FROM word_counts ORDER BY n DESC, word LIMIT 5")
     for word, n in con.execute("SELECT word, n FROM word_counts ORDER BY n DESC, word LIMIT 5").fetchall():
@@ -192,14 +210,18 @@ def _drive(address: str, echo: Callable[[str], None], started: float) -> int:
     replacement = RemoteReadBackend.connect(address, JOB, FOUR[2])
     t0 = time.perf_counter()
     info = replacement.restore()
-    echo(f"  a new subtask 2 restores checkpoint {info.checkpoint_id} in {1000 * (time.perf_counter() - t0):.1f} ms (metadata only, values read lazily)")
+    echo(
+        f"  a new subtask 2 restores checkpoint {info.checkpoint_id} in {1000 * (time.perf_counter() - t0):.1f} ms (metadata only, values read lazily)"
+    )
     job.backends[2] = replacement
     job.counts[2] = KeyedInt64State(replacement, COUNT_UID, "count")
     job.offsets[2] = OperatorInt64State(replacement, SOURCE_UID, "offset")
     for i, b in enumerate(job.backends):
         if i != 2:
             b.restore(info.checkpoint_id)  # all-to-all shuffle: the whole job rewinds to the checkpoint
-    echo(f"  the job rewinds to checkpoint {info.checkpoint_id}: count of 'the' = {job.word('the')} (was {at_checkpoint_2} at checkpoint 2)")
+    echo(
+        f"  the job rewinds to checkpoint {info.checkpoint_id}: count of 'the' = {job.word('the')} (was {at_checkpoint_2} at checkpoint 2)"
+    )
     echo(f"  sources resume from their checkpointed offsets {[job.offset(s) for s in range(4)]}; replay reads {job.run(1)} records")
     job.checkpoint(3)
 
@@ -229,7 +251,9 @@ def _drive(address: str, echo: Callable[[str], None], started: float) -> int:
         wrong = sorted(set(got.items()) ^ set(expected.items()))[:5]
         echo(f"\nMISMATCH against a plain Counter of the input: {wrong}")
         return 1
-    echo(f"\nexactly-once: all {sum(expected.values())} words counted once, despite the failure and the rescale ({time.monotonic() - started:.1f}s)")
+    echo(
+        f"\nexactly-once: all {sum(expected.values())} words counted once, despite the failure and the rescale ({time.monotonic() - started:.1f}s)"
+    )
     return 0
 
 

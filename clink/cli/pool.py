@@ -105,63 +105,189 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--store", "store_uri", default="file://./pool-data", show_default=True, envvar="CLINK_POOL_STORE",
-              help="Where checkpoints live: file://DIR or s3://BUCKET/PREFIX. Env: CLINK_POOL_STORE.")
+@click.option(
+    "--store",
+    "store_uri",
+    default="file://./pool-data",
+    show_default=True,
+    envvar="CLINK_POOL_STORE",
+    help="Where checkpoints live: file://DIR or s3://BUCKET/PREFIX. Env: CLINK_POOL_STORE.",
+)
 @click.option("--listen", default="127.0.0.1:7420", show_default=True, help="gRPC address HOST:PORT (port 0 picks a free one).")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve Prometheus metrics on http://METRICS_HOST:PORT/metrics (0 picks a free port). Off when omitted.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on http://METRICS_HOST:PORT/metrics (0 picks a free port). Off when omitted.",
+)
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics endpoint binds to.")
-@click.option("--http-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve GET /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI (Arrow stream) on METRICS_HOST:PORT (0 picks a free port). Off when omitted.")
-@click.option("--s3-endpoint-url", envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"], default=None,
-              help="S3 endpoint for s3:// stores (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL. Default: AWS.")
-@click.option("--s3-region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], default=None, help="S3 region. Env: AWS_REGION, AWS_DEFAULT_REGION.")
+@click.option(
+    "--http-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve GET /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI (Arrow stream) on METRICS_HOST:PORT (0 picks a free port). Off when omitted.",
+)
+@click.option(
+    "--s3-endpoint-url",
+    envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],
+    default=None,
+    help="S3 endpoint for s3:// stores (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL. Default: AWS.",
+)
+@click.option(
+    "--s3-region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], default=None, help="S3 region. Env: AWS_REGION, AWS_DEFAULT_REGION."
+)
 @click.option("--create-bucket/--no-create-bucket", default=False, show_default=True, help="Create the S3 bucket if it does not exist.")
-@click.option("--cache-mb", type=click.IntRange(0), default=256, show_default=True, help="Bytes of data files kept in memory for reads, in MiB.")
+@click.option(
+    "--cache-mb", type=click.IntRange(0), default=256, show_default=True, help="Bytes of data files kept in memory for reads, in MiB."
+)
 @click.option("--max-workers", type=click.IntRange(1), default=16, show_default=True, help="Concurrent RPCs served at once.")
 @click.option("--max-message-mb", type=click.IntRange(1), default=64, show_default=True, help="Largest gRPC message sent, in MiB.")
-@click.option("--max-request-mb", type=click.IntRange(1), default=16, show_default=True,
-              help="Largest gRPC request message taken, in MiB (grpc holds a whole message before the pool can refuse it).")
-@click.option("--grace", type=click.FloatRange(0), default=5.0, show_default=True, help="Seconds in-flight calls get to finish on SIGTERM/SIGINT.")
-@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, help="PEM certificate chain: serve gRPC and HTTP over TLS (needs --tls-key).")
+@click.option(
+    "--max-request-mb",
+    type=click.IntRange(1),
+    default=16,
+    show_default=True,
+    help="Largest gRPC request message taken, in MiB (grpc holds a whole message before the pool can refuse it).",
+)
+@click.option(
+    "--grace", type=click.FloatRange(0), default=5.0, show_default=True, help="Seconds in-flight calls get to finish on SIGTERM/SIGINT."
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PEM certificate chain: serve gRPC and HTTP over TLS (needs --tls-key).",
+)
 @click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key of --tls-cert.")
-@click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None, help="PEM CA bundle: clients must present a certificate it signed (mutual TLS).")
-@click.option("--token-file", type=click.Path(dir_okay=False), default=None, envvar="CLINK_POOL_TOKEN_FILE",
-              help="Require 'authorization: Bearer TOKEN'. Lines 'TOKEN JOB[,JOB..] read|write|rw' ('*' wildcard) or JSON "
-                   '{"tokens": [{"token": .., "jobs": [..], "access": "rw"}]}; TOKEN may be sha256:HEX of the token. '
-                   "Health checks stay open. Env: CLINK_POOL_TOKEN_FILE.")
-@click.option("--max-concurrent-rpcs", type=click.IntRange(1), default=64, show_default=True,
-              help="Calls admitted at once (running or waiting for a worker); more get RESOURCE_EXHAUSTED at once. Health checks do not count.")
-@click.option("--max-rpcs-per-token", type=click.IntRange(0), default=8, show_default=True,
-              help="Calls of one bearer token admitted at once (0: no per-token bound), so one caller cannot take every worker.")
-@click.option("--call-idle-s", type=click.FloatRange(0, min_open=True), default=60.0, show_default=True,
-              help="Cancel a call that waits this long on its client (a stream it stops sending or reading).")
-@click.option("--call-max-s", type=click.FloatRange(0, min_open=True), default=3600.0, show_default=True, help="Cancel any call running longer than this.")
+@click.option(
+    "--tls-client-ca",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PEM CA bundle: clients must present a certificate it signed (mutual TLS).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    envvar="CLINK_POOL_TOKEN_FILE",
+    help="Require 'authorization: Bearer TOKEN'. Lines 'TOKEN JOB[,JOB..] read|write|rw' ('*' wildcard) or JSON "
+    '{"tokens": [{"token": .., "jobs": [..], "access": "rw"}]}; TOKEN may be sha256:HEX of the token. '
+    "Health checks stay open. Env: CLINK_POOL_TOKEN_FILE.",
+)
+@click.option(
+    "--max-concurrent-rpcs",
+    type=click.IntRange(1),
+    default=64,
+    show_default=True,
+    help="Calls admitted at once (running or waiting for a worker); more get RESOURCE_EXHAUSTED at once. Health checks do not count.",
+)
+@click.option(
+    "--max-rpcs-per-token",
+    type=click.IntRange(0),
+    default=8,
+    show_default=True,
+    help="Calls of one bearer token admitted at once (0: no per-token bound), so one caller cannot take every worker.",
+)
+@click.option(
+    "--call-idle-s",
+    type=click.FloatRange(0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Cancel a call that waits this long on its client (a stream it stops sending or reading).",
+)
+@click.option(
+    "--call-max-s",
+    type=click.FloatRange(0, min_open=True),
+    default=3600.0,
+    show_default=True,
+    help="Cancel any call running longer than this.",
+)
 @click.option("--max-multiget-keys", type=click.IntRange(1), default=100_000, show_default=True, help="Keys one MultiGet may ask for.")
-@click.option("--max-multiget-key-mb", type=click.IntRange(1), default=8, show_default=True, help="Key bytes one MultiGet may carry, in MiB.")
-@click.option("--max-commit-mb", type=click.IntRange(1), default=1024, show_default=True, help="Delta bytes one CommitCheckpoint may carry, in MiB.")
-@click.option("--request-memory-mb", type=click.IntRange(1), default=1024, show_default=True,
-              help="Working memory of the commits and scan overlays in flight, in all, in MiB (a commit counts 4x its delta); "
-                   "past it they wait up to 30 s, then get RESOURCE_EXHAUSTED.")
-@click.option("--max-http-exports", type=click.IntRange(1), default=4, show_default=True,
-              help="HTTP exports served at once; more get 503 with Retry-After.")
-@click.option("--max-concurrent-streams", type=click.IntRange(1), default=None, help="HTTP/2 streams per client connection. Default: grpc's.")
-@click.option("--gc-min-age-s", type=click.FloatRange(0), default=None,
-              help="CollectGarbage deletes only unreferenced files older than this many seconds, so commits in flight are safe. "
-                   "Default: 3600 (LifecycleConfig.gc_min_age_s).")
-@click.option("--compact-max-layers", type=click.IntRange(1), default=None,
-              help="CompactCheckpoint (without force) folds a part with more layers than this. Default: 8 (LifecycleConfig.compact_max_layers).")
-@click.option("--compact-max-delta-mb", type=click.IntRange(0), default=None,
-              help="CompactCheckpoint (without force) folds a part whose deltas hold more MiB than this. Default: 256 (LifecycleConfig.compact_max_delta_bytes).")
+@click.option(
+    "--max-multiget-key-mb", type=click.IntRange(1), default=8, show_default=True, help="Key bytes one MultiGet may carry, in MiB."
+)
+@click.option(
+    "--max-commit-mb", type=click.IntRange(1), default=1024, show_default=True, help="Delta bytes one CommitCheckpoint may carry, in MiB."
+)
+@click.option(
+    "--request-memory-mb",
+    type=click.IntRange(1),
+    default=1024,
+    show_default=True,
+    help="Working memory of the commits and scan overlays in flight, in all, in MiB (a commit counts 4x its delta); "
+    "past it they wait up to 30 s, then get RESOURCE_EXHAUSTED.",
+)
+@click.option(
+    "--max-http-exports",
+    type=click.IntRange(1),
+    default=4,
+    show_default=True,
+    help="HTTP exports served at once; more get 503 with Retry-After.",
+)
+@click.option(
+    "--max-concurrent-streams", type=click.IntRange(1), default=None, help="HTTP/2 streams per client connection. Default: grpc's."
+)
+@click.option(
+    "--gc-min-age-s",
+    type=click.FloatRange(0),
+    default=None,
+    help="CollectGarbage deletes only unreferenced files older than this many seconds, so commits in flight are safe. "
+    "Default: 3600 (LifecycleConfig.gc_min_age_s).",
+)
+@click.option(
+    "--compact-max-layers",
+    type=click.IntRange(1),
+    default=None,
+    help="CompactCheckpoint (without force) folds a part with more layers than this. Default: 8 (LifecycleConfig.compact_max_layers).",
+)
+@click.option(
+    "--compact-max-delta-mb",
+    type=click.IntRange(0),
+    default=None,
+    help="CompactCheckpoint (without force) folds a part whose deltas hold more MiB than this. Default: 256 (LifecycleConfig.compact_max_delta_bytes).",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
-@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="Format of the ready line (stdout) and of the logs (stderr).")
-def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: str, http_port: int | None, s3_endpoint_url: str | None, s3_region: str | None,
-          create_bucket: bool, cache_mb: int, max_workers: int, max_message_mb: int, max_request_mb: int, grace: float, tls_cert: str | None, tls_key: str | None,
-          tls_client_ca: str | None, token_file: str | None, max_concurrent_rpcs: int, max_rpcs_per_token: int, call_idle_s: float,
-          call_max_s: float, max_multiget_keys: int, max_multiget_key_mb: int, max_commit_mb: int, request_memory_mb: int, max_http_exports: int,
-          max_concurrent_streams: int | None,
-          gc_min_age_s: float | None, compact_max_layers: int | None, compact_max_delta_mb: int | None, log_level: str, output: str) -> None:
+@click.option(
+    "--output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Format of the ready line (stdout) and of the logs (stderr).",
+)
+def serve(
+    store_uri: str,
+    listen: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    http_port: int | None,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    create_bucket: bool,
+    cache_mb: int,
+    max_workers: int,
+    max_message_mb: int,
+    max_request_mb: int,
+    grace: float,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_client_ca: str | None,
+    token_file: str | None,
+    max_concurrent_rpcs: int,
+    max_rpcs_per_token: int,
+    call_idle_s: float,
+    call_max_s: float,
+    max_multiget_keys: int,
+    max_multiget_key_mb: int,
+    max_commit_mb: int,
+    request_memory_mb: int,
+    max_http_exports: int,
+    max_concurrent_streams: int | None,
+    gc_min_age_s: float | None,
+    compact_max_layers: int | None,
+    compact_max_delta_mb: int | None,
+    log_level: str,
+    output: str,
+) -> None:
     """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
 
     Once listening it prints one ready line on stdout naming the bound address
@@ -194,8 +320,13 @@ def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: s
         max_request_bytes=max_request_mb << 20,
         grace_seconds=grace,
         store=store_config,
-        pool=PoolConfig(cache_bytes=cache_mb << 20, max_multiget_keys=max_multiget_keys, max_multiget_key_bytes=max_multiget_key_mb << 20,
-                        max_commit_bytes=max_commit_mb << 20, request_memory_bytes=request_memory_mb << 20),
+        pool=PoolConfig(
+            cache_bytes=cache_mb << 20,
+            max_multiget_keys=max_multiget_keys,
+            max_multiget_key_bytes=max_multiget_key_mb << 20,
+            max_commit_bytes=max_commit_mb << 20,
+            request_memory_bytes=request_memory_mb << 20,
+        ),
         max_http_exports=max_http_exports,
     )
     try:
@@ -212,8 +343,9 @@ def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: s
             config,
             tls=TlsConfig.from_files(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
             tokens=TokenTable.from_file(token_file) if token_file else None,
-            admission=AdmissionConfig(max_calls=max_concurrent_rpcs, max_calls_per_token=max_rpcs_per_token or None, idle_s=call_idle_s,
-                                      max_call_s=call_max_s),
+            admission=AdmissionConfig(
+                max_calls=max_concurrent_rpcs, max_calls_per_token=max_rpcs_per_token or None, idle_s=call_idle_s, max_call_s=call_max_s
+            ),
             max_concurrent_streams=max_concurrent_streams,
             lifecycle=lifecycle_config(gc_min_age_s, compact_max_layers, compact_max_delta_mb),
         )
@@ -228,8 +360,18 @@ def serve(store_uri: str, listen: str, metrics_port: int | None, metrics_host: s
         fail(exc)
     stop_on_signals(server, grace)
     if output == "json":
-        click.echo(json.dumps({"event": "serving", "address": server.address, "port": server.port,
-                               "metrics_port": server.metrics_port, "http_port": server.http_port, "store": server.store.uri}))
+        click.echo(
+            json.dumps(
+                {
+                    "event": "serving",
+                    "address": server.address,
+                    "port": server.port,
+                    "metrics_port": server.metrics_port,
+                    "http_port": server.http_port,
+                    "store": server.store.uri,
+                }
+            )
+        )
     else:
         scheme = "https" if config.tls else "http"  # TLS covers the metrics and export ports too
         metrics = f", metrics {scheme}://{metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
@@ -246,8 +388,11 @@ def lifecycle_config(gc_min_age_s: float | None = None, compact_max_layers: int 
     """The server's LifecycleConfig from the serve flags; a flag left out keeps the dataclass default."""
     from pool.lifecycle import LifecycleConfig
 
-    given = {"gc_min_age_s": gc_min_age_s, "compact_max_layers": compact_max_layers,
-             "compact_max_delta_bytes": None if compact_max_delta_mb is None else compact_max_delta_mb << 20}
+    given = {
+        "gc_min_age_s": gc_min_age_s,
+        "compact_max_layers": compact_max_layers,
+        "compact_max_delta_bytes": None if compact_max_delta_mb is None else compact_max_delta_mb << 20,
+    }
     return LifecycleConfig(**{name: value for name, value in given.items() if value is not None})
 
 

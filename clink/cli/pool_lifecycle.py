@@ -31,20 +31,39 @@ def parse_duration(text: str) -> float:
 def _open(uri: str, endpoint: str | None, region: str | None):
     from store.objects import StoreConfig, open_store
 
-    config = StoreConfig(endpoint_url=endpoint, region=region, access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or None,
-                         secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or None)
+    config = StoreConfig(
+        endpoint_url=endpoint,
+        region=region,
+        access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or None,
+        secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or None,
+    )
     return open_store(uri, config)
 
 
 def store_options(fn: Callable) -> Callable:
     """--store, S3 endpoint/region and --output, shared by every lifecycle command."""
-    fn = click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
-                      help="text for people, json (one object on stdout) for scripts.")(fn)
+    fn = click.option(
+        "--output",
+        "-o",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help="text for people, json (one object on stdout) for scripts.",
+    )(fn)
     fn = click.option("--s3-region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], default=None, help="S3 region. Env: AWS_REGION.")(fn)
-    fn = click.option("--s3-endpoint-url", envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"], default=None,
-                      help="S3 endpoint (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL.")(fn)
-    fn = click.option("--store", "store_uri", required=True, envvar="CLINK_POOL_STORE",
-                      help="The pool's store: file://DIR or s3://BUCKET/PREFIX. Env: CLINK_POOL_STORE.")(fn)
+    fn = click.option(
+        "--s3-endpoint-url",
+        envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],
+        default=None,
+        help="S3 endpoint (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL.",
+    )(fn)
+    fn = click.option(
+        "--store",
+        "store_uri",
+        required=True,
+        envvar="CLINK_POOL_STORE",
+        help="The pool's store: file://DIR or s3://BUCKET/PREFIX. Env: CLINK_POOL_STORE.",
+    )(fn)
     return fn
 
 
@@ -97,8 +116,16 @@ def _mb(n: int) -> str:
 @click.option("--target-store", default=None, help="Write the savepoint into another store (archival bucket, local dir). Default: --store.")
 @store_options
 @_guard
-def savepoint_cmd(job: str, name: str, checkpoint: int, target_store: str | None, store_uri: str, s3_endpoint_url: str | None,
-                  s3_region: str | None, output: str) -> None:
+def savepoint_cmd(
+    job: str,
+    name: str,
+    checkpoint: int,
+    target_store: str | None,
+    store_uri: str,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    output: str,
+) -> None:
     """Write savepoints/NAME/ from a checkpoint of JOB: self-contained, relocatable, one folded base file.
 
     \b
@@ -110,21 +137,37 @@ def savepoint_cmd(job: str, name: str, checkpoint: int, target_store: str | None
     life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
     target = _open(target_store, s3_endpoint_url, s3_region) if target_store else None
     info = life.savepoint(job, checkpoint, name, target)
-    _emit(output, asdict(info), f"savepoint {info.name!r}: checkpoint {info.checkpoint_id} of {info.job}, {info.rows} rows, "
-                                f"{info.files} file(s), {_mb(info.bytes)} in {info.store_uri}/savepoints/{info.name}")
+    _emit(
+        output,
+        asdict(info),
+        f"savepoint {info.name!r}: checkpoint {info.checkpoint_id} of {info.job}, {info.rows} rows, "
+        f"{info.files} file(s), {_mb(info.bytes)} in {info.store_uri}/savepoints/{info.name}",
+    )
 
 
 @click.command("restore")
 @click.argument("new_job")
 @click.option("--from-savepoint", "savepoint", default=None, help="Savepoint NAME to restore from.")
 @click.option("--from-job", "source_job", default=None, help="Job whose checkpoint to restore from (with --checkpoint).")
-@click.option("--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="With --from-job: checkpoint id, 0 = latest.")
+@click.option(
+    "--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="With --from-job: checkpoint id, 0 = latest."
+)
 @click.option("--source-store", default=None, help="Store holding the source (savepoint or job). Default: --store.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on a terminal.")
 @store_options
 @_guard
-def restore_cmd(new_job: str, savepoint: str | None, source_job: str | None, checkpoint: int, source_store: str | None, progress: bool,
-                store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str) -> None:
+def restore_cmd(
+    new_job: str,
+    savepoint: str | None,
+    source_job: str | None,
+    checkpoint: int,
+    source_store: str | None,
+    progress: bool,
+    store_uri: str,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    output: str,
+) -> None:
     """Create NEW_JOB's checkpoint 1 from a savepoint or another job's checkpoint (files copied, checksums verified).
 
     \b
@@ -143,21 +186,40 @@ def restore_cmd(new_job: str, savepoint: str | None, source_job: str | None, che
         source_job, checkpoint = src.job, src.checkpoint_id
     else:
         origin = f"checkpoint {checkpoint or 'latest'} of {source_job}"
-    doc = {"job": m.job, "checkpoint_id": m.checkpoint_id, "files": len(m.files), "bytes": m.total_bytes, "source": origin,
-           "source_job": source_job}
+    doc = {
+        "job": m.job,
+        "checkpoint_id": m.checkpoint_id,
+        "files": len(m.files),
+        "bytes": m.total_bytes,
+        "source": origin,
+        "source_job": source_job,
+    }
     _emit(output, doc, f"restored {origin} as checkpoint 1 of {m.job}: {len(m.files)} file(s), {_mb(m.total_bytes)}")
 
 
 @click.command("compact")
 @click.argument("job")
-@click.option("--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="Checkpoint to compact; 0 = latest complete.")
+@click.option(
+    "--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="Checkpoint to compact; 0 = latest complete."
+)
 @click.option("--max-layers", type=click.IntRange(1), default=8, show_default=True, help="Fold a part with more layers than this.")
-@click.option("--max-delta-mb", type=click.IntRange(0), default=256, show_default=True, help="... or whose delta layers hold more MB than this.")
+@click.option(
+    "--max-delta-mb", type=click.IntRange(0), default=256, show_default=True, help="... or whose delta layers hold more MB than this."
+)
 @click.option("--force", is_flag=True, help="Fold every part with more than one layer, whatever the thresholds.")
 @store_options
 @_guard
-def compact_cmd(job: str, checkpoint: int, max_layers: int, max_delta_mb: int, force: bool, store_uri: str, s3_endpoint_url: str | None,
-                s3_region: str | None, output: str) -> None:
+def compact_cmd(
+    job: str,
+    checkpoint: int,
+    max_layers: int,
+    max_delta_mb: int,
+    force: bool,
+    store_uri: str,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    output: str,
+) -> None:
     """Fold the layers of a checkpoint's parts over the thresholds into one base file each.
 
     \b
@@ -180,14 +242,30 @@ def compact_cmd(job: str, checkpoint: int, max_layers: int, max_delta_mb: int, f
 
 @click.command("gc")
 @click.option("--job", default=None, help="Only this job (default: every job and savepoint in the store).")
-@click.option("--min-age", default="1h", show_default=True, help="Only delete files older than this (90s, 15m, 2h, 7d): commits in flight are safe.")
-@click.option("--keep-last", type=click.IntRange(1), default=None, help="First apply retention: keep the newest K complete checkpoints of each job (pins hold others).")
+@click.option(
+    "--min-age", default="1h", show_default=True, help="Only delete files older than this (90s, 15m, 2h, 7d): commits in flight are safe."
+)
+@click.option(
+    "--keep-last",
+    type=click.IntRange(1),
+    default=None,
+    help="First apply retention: keep the newest K complete checkpoints of each job (pins hold others).",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on a terminal.")
 @store_options
 @_guard
-def gc_cmd(job: str | None, min_age: str, keep_last: int | None, dry_run: bool, progress: bool, store_uri: str, s3_endpoint_url: str | None,
-           s3_region: str | None, output: str) -> None:
+def gc_cmd(
+    job: str | None,
+    min_age: str,
+    keep_last: int | None,
+    dry_run: bool,
+    progress: bool,
+    store_uri: str,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    output: str,
+) -> None:
     """Delete data files no retained manifest, staged part or savepoint names, older than --min-age.
 
     \b
@@ -207,12 +285,16 @@ def gc_cmd(job: str | None, min_age: str, keep_last: int | None, dry_run: bool, 
     lines = []
     for r in retained:
         pinned = f", pinned {list(r['pinned'])}" if r["pinned"] else ""
-        lines.append(f"{r['job']}: {'would remove' if dry_run else 'removed'} checkpoints {list(r['deleted']) or 'none'}, kept {list(r['kept'])}{pinned}")
+        lines.append(
+            f"{r['job']}: {'would remove' if dry_run else 'removed'} checkpoints {list(r['deleted']) or 'none'}, kept {list(r['kept'])}{pinned}"
+        )
     if res.resumed is not None:
         lines.append(f"finishing an interrupted run (started_ms {res.resumed.get('started_ms')}, {res.resumed.get('planned')} planned)")
     lines += [f"  {key}" for key in res.deleted] if dry_run else []
-    lines.append(f"gc {res.scope}: {verb} {len(res.deleted)} object(s), {_mb(res.deleted_bytes)}; {res.listed_objects} listed, "
-                 f"{res.referenced} referenced, {res.too_young} younger than {min_age}")
+    lines.append(
+        f"gc {res.scope}: {verb} {len(res.deleted)} object(s), {_mb(res.deleted_bytes)}; {res.listed_objects} listed, "
+        f"{res.referenced} referenced, {res.too_young} younger than {min_age}"
+    )
     _emit(output, doc, "\n".join(lines))
 
 
@@ -223,12 +305,17 @@ def gc_cmd(job: str | None, min_age: str, keep_last: int | None, dry_run: bool, 
 @click.option("--ttl", default="1h", show_default=True, help="How long the pin holds (renew by pinning again): 90s, 15m, 2h, 7d.")
 @store_options
 @_guard
-def pin_cmd(job: str, checkpoint: int, holder: str, ttl: str, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str) -> None:
+def pin_cmd(
+    job: str, checkpoint: int, holder: str, ttl: str, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str
+) -> None:
     """Keep CHECKPOINT of JOB (0 = latest) from retention while HOLDER reads it, until the TTL runs out."""
     life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
     pinned, expires = life.pin(job, checkpoint, holder, parse_duration(ttl))
-    _emit(output, {"job": job, "checkpoint_id": pinned, "holder": holder, "expires_at_ms": expires},
-          f"pinned checkpoint {pinned} of {job} for {holder} until {expires} ms")
+    _emit(
+        output,
+        {"job": job, "checkpoint_id": pinned, "holder": holder, "expires_at_ms": expires},
+        f"pinned checkpoint {pinned} of {job} for {holder} until {expires} ms",
+    )
 
 
 @click.command("unpin")
@@ -237,10 +324,16 @@ def pin_cmd(job: str, checkpoint: int, holder: str, ttl: str, store_uri: str, s3
 @click.argument("holder")
 @store_options
 @_guard
-def unpin_cmd(job: str, checkpoint: int, holder: str, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str) -> None:
+def unpin_cmd(
+    job: str, checkpoint: int, holder: str, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str
+) -> None:
     """Drop HOLDER's pin on CHECKPOINT of JOB (no error if there is none)."""
     _lifecycle(store_uri, s3_endpoint_url, s3_region).unpin(job, checkpoint, holder)
-    _emit(output, {"job": job, "checkpoint_id": checkpoint, "holder": holder, "unpinned": True}, f"unpinned checkpoint {checkpoint} of {job} for {holder}")
+    _emit(
+        output,
+        {"job": job, "checkpoint_id": checkpoint, "holder": holder, "unpinned": True},
+        f"unpinned checkpoint {checkpoint} of {job} for {holder}",
+    )
 
 
 @click.command("ls")
@@ -264,11 +357,17 @@ def ls_cmd(job: str | None, store_uri: str, s3_endpoint_url: str | None, s3_regi
     lines = [f"{'chk':>6} {'state':<10} {'parts':>5} {'layers':>6} {'files':>5} {'bytes':>12}"]
     for c in doc["checkpoints"]:
         if c["complete"]:
-            lines.append(f"{c['checkpoint_id']:>6} {'complete':<10} {len(c['parts']):>5} {c['max_layers']:>6} {c['files']:>5} {c['bytes']:>12}")
+            lines.append(
+                f"{c['checkpoint_id']:>6} {'complete':<10} {len(c['parts']):>5} {c['max_layers']:>6} {c['files']:>5} {c['bytes']:>12}"
+            )
         else:
-            lines.append(f"{c['checkpoint_id']:>6} {'staged':<10} {len(c['staged_ranges']):>5} {'':>6} {'':>5} {'':>12}  ranges {', '.join(c['staged_ranges'])}")
+            lines.append(
+                f"{c['checkpoint_id']:>6} {'staged':<10} {len(c['staged_ranges']):>5} {'':>6} {'':>5} {'':>12}  ranges {', '.join(c['staged_ranges'])}"
+            )
     for p in doc["pins"]:
-        lines.append(f"pin: checkpoint {p['checkpoint_id']} held by {p['holder']} until {p['expires_at_ms']} ms{' (expired)' if p['expired'] else ''}")
+        lines.append(
+            f"pin: checkpoint {p['checkpoint_id']} held by {p['holder']} until {p['expires_at_ms']} ms{' (expired)' if p['expired'] else ''}"
+        )
     lines.append(f"{doc['data_files']} data file(s), {_mb(doc['data_bytes'])} under jobs/{job}/data/")
     _emit(output, doc, "\n".join(lines))
 
@@ -279,8 +378,9 @@ def ls_cmd(job: str | None, store_uri: str, s3_endpoint_url: str | None, s3_regi
 @click.option("--savepoint", default=None, help="Inspect savepoints/NAME instead of a job's checkpoint.")
 @store_options
 @_guard
-def inspect_cmd(job: str | None, checkpoint: int, savepoint: str | None, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None,
-                output: str) -> None:
+def inspect_cmd(
+    job: str | None, checkpoint: int, savepoint: str | None, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str
+) -> None:
     """A checkpoint's or savepoint's manifest: parts, their layers (oldest first), every file with kind, rows, size, segments.
 
     \b
@@ -294,8 +394,10 @@ def inspect_cmd(job: str | None, checkpoint: int, savepoint: str | None, store_u
     life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
     _, m, folder = life.open_savepoint(savepoint) if savepoint else life.open_checkpoint(job, checkpoint)
     doc = {**manifest_summary(m), "folder": folder}
-    lines = [f"{folder}: checkpoint {m.checkpoint_id} of {m.job} (parent {m.parent_id}), {len(m.files)} file(s), {_mb(m.total_bytes)}, "
-             f"{m.total_rows} rows stored"]
+    lines = [
+        f"{folder}: checkpoint {m.checkpoint_id} of {m.job} (parent {m.parent_id}), {len(m.files)} file(s), {_mb(m.total_bytes)}, "
+        f"{m.total_rows} rows stored"
+    ]
     lines += [f"operator {o:#018x} {u or '(no uid)'}" for o, u in m.operators]
     files = {f["path"]: f for f in doc["file_entries"]}
     for p in doc["parts"]:
@@ -303,7 +405,9 @@ def inspect_cmd(job: str | None, checkpoint: int, savepoint: str | None, store_u
         for i, layer in enumerate(p["layer_files"]):
             for path in layer:
                 f = files[path]
-                lines.append(f"  [{i}] {f['kind']:<5} {path}  kg {f['kg_lo']}-{f['kg_hi']}, {f['rows']} rows, {f['size']} bytes, {f['segments']} segment(s)")
+                lines.append(
+                    f"  [{i}] {f['kind']:<5} {path}  kg {f['kg_lo']}-{f['kg_hi']}, {f['rows']} rows, {f['size']} bytes, {f['segments']} segment(s)"
+                )
     _emit(output, doc, "\n".join(lines))
 
 

@@ -163,12 +163,24 @@ def main(argv: list[str] | None = None) -> None:
     help="PEM roots: talk TLS to grpc:// pools, trusting these CAs (default: $CLINK_POOL_CA_FILE).",
 )
 @click.option("--pool-tls-server-name", metavar="NAME", help="Expected TLS server name when it differs from the pool's host.")
-@click.option("--pool-cert-file", envvar="CLINK_POOL_CERT_FILE", type=click.Path(dir_okay=False),
-              help="PEM client certificate for pools that require mutual TLS (with --pool-key-file; default: $CLINK_POOL_CERT_FILE).")
-@click.option("--pool-key-file", envvar="CLINK_POOL_KEY_FILE", type=click.Path(dir_okay=False),
-              help="PEM private key of --pool-cert-file (default: $CLINK_POOL_KEY_FILE).")
-@click.option("--insecure", is_flag=True, default=False,
-              help="Allow sending --pool-token without TLS to another machine (by default only loopback pools get it in plaintext).")
+@click.option(
+    "--pool-cert-file",
+    envvar="CLINK_POOL_CERT_FILE",
+    type=click.Path(dir_okay=False),
+    help="PEM client certificate for pools that require mutual TLS (with --pool-key-file; default: $CLINK_POOL_CERT_FILE).",
+)
+@click.option(
+    "--pool-key-file",
+    envvar="CLINK_POOL_KEY_FILE",
+    type=click.Path(dir_okay=False),
+    help="PEM private key of --pool-cert-file (default: $CLINK_POOL_KEY_FILE).",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    default=False,
+    help="Allow sending --pool-token without TLS to another machine (by default only loopback pools get it in plaintext).",
+)
 @click.version_option(package_name="clink-remote-state", prog_name="clink")
 @click.pass_context
 def cli(
@@ -655,13 +667,31 @@ Files are written to a temporary name and renamed into place: a failed export le
     help="Iceberg: what to do when the table exists.",
 )
 @click.option("--row-group-rows", type=click.IntRange(min=1), default=1 << 17, show_default=True, help="Parquet: rows per row group.")
-@click.option("--force", is_flag=True, default=False,
-              help="Replace an existing --out file (keeping its mode) or symlink, or write into a device or FIFO; refused without it.")
+@click.option(
+    "--force",
+    is_flag=True,
+    default=False,
+    help="Replace an existing --out file (keeping its mode) or symlink, or write into a device or FIFO; refused without it.",
+)
 @click.option("--progress/--no-progress", default=None, help="Progress bars on stderr (default: when stderr is a terminal).")
 @_output_option
 @click.pass_context
 def state_export(
-    ctx, src, dst, fmt, key_groups, ops, catalog_uri, warehouse, table_name, catalog_name, if_exists, row_group_rows, force, progress, output
+    ctx,
+    src,
+    dst,
+    fmt,
+    key_groups,
+    ops,
+    catalog_uri,
+    warehouse,
+    table_name,
+    catalog_name,
+    if_exists,
+    row_group_rows,
+    force,
+    progress,
+    output,
 ):
     """Export SRC as an Arrow snapshot stream, a Parquet file or an Iceberg table."""
     fmt = fmt or _infer_format(dst, table_name)

@@ -381,8 +381,11 @@ def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
         headers["Authorization"] = f"Bearer {config.pool_token}"
     context = None
     if scheme == "https":
-        context = ssl.create_default_context(cadata=config.pool_tls_root_certificates.decode("ascii")) if config.pool_tls_root_certificates \
+        context = (
+            ssl.create_default_context(cadata=config.pool_tls_root_certificates.decode("ascii"))
+            if config.pool_tls_root_certificates
             else ssl.create_default_context()
+        )
         if config.pool_tls_client_cert and config.pool_tls_client_key:
             _load_client_cert(context, config)
     try:

@@ -42,12 +42,12 @@ def run(legacy: bool) -> dict:
     store = MemoryStore()
     core = PoolCore(store)
     el, eh = core.acquire_writer("j", LOW)[0], core.acquire_writer("j", HIGH)[0]
-    commit(core, "j", 1, 0, LOW, el, [(s.ROW_PUT, OP, OFFSET, b"1")])          # operator state o = 1 (broadcast state: both subtasks write it)
+    commit(core, "j", 1, 0, LOW, el, [(s.ROW_PUT, OP, OFFSET, b"1")])  # operator state o = 1 (broadcast state: both subtasks write it)
     commit(core, "j", 1, 0, HIGH, eh, [(s.ROW_PUT, OP, K, b"h1"), (s.ROW_PUT, OP, OFFSET, b"1")])  # every subtask holds o
     if legacy:
         legacyize(store, "j", 1)
     core = PoolCore(store)  # the upgraded pool
-    commit(core, "j", 2, 1, LOW, el, [(s.ROW_ERASE, OP, OFFSET, b"")])       # LOW erases o at checkpoint 2
+    commit(core, "j", 2, 1, LOW, el, [(s.ROW_ERASE, OP, OFFSET, b"")])  # LOW erases o at checkpoint 2
     r = commit(core, "j", 2, 1, HIGH, eh, [(s.ROW_PUT, OP, K, b"h2")])
     assert r.checkpoint.complete
     fresh = PoolCore(store)

@@ -38,7 +38,7 @@ retry = upgraded.commit_checkpoint(CommitRequest("j", 2, 1, LOW, el, "", OPERATO
 print("LOW's retried commit of 2: repeated =", retry.repeated, "(expected True: same checkpoint, range, epoch, delta)")
 r = commit(upgraded, "j", 2, 1, HIGH, eh, [(s.ROW_PUT, OP, kh, b"h2")])
 print("HIGH's commit of 2: complete =", r.checkpoint.complete, " expected True")
-print("staged:", sorted(o.key.rsplit('/', 1)[-1] for o in store.list("jobs/j/chk-2/parts/")))
+print("staged:", sorted(o.key.rsplit("/", 1)[-1] for o in store.list("jobs/j/chk-2/parts/")))
 for attempt in (2, 3):
     again = upgraded.commit_checkpoint(CommitRequest("j", 2, 1, LOW, el, "", OPERATOR_PAIRS, attempt=attempt), [changelog(rows)])
     print(f"retry {attempt}: complete = {again.checkpoint.complete}")

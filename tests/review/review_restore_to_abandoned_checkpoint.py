@@ -41,8 +41,7 @@ print("after restoring from 5: abandoned flags =", listed)
 print("latest =", latest, " expected 5 (the checkpoint the only live writer restored from)")
 found, value, cid = PoolCore(store).get("j", 0, OP, K)
 print(f"a failover now restores from latest = {cid} and reads k = {value!r}; expected b'attempt1-5'")
-print("VIOLATION (I3: latest is a lineage the restore left behind; the live writer's base is flagged abandoned)"
-      if latest != 5 else "ok")
+print("VIOLATION (I3: latest is a lineage the restore left behind; the live writer's base is flagged abandoned)" if latest != 5 else "ok")
 
 print("\n-- variant without id reuse (Flink keeps counting ids after a restore) --")
 store = MemoryStore("a7b")

@@ -43,7 +43,9 @@ def run(inner, label: str) -> bool:
     def retention_runs() -> None:  # after the restore checked that checkpoint 1 exists, before it swaps the table
         r = Lifecycle(inner, LifecycleConfig(gc_min_age_s=0)).retain("j", keep_last=2)
         _, etag_after = inner.get_with_etag("jobs/j/writers")
-        print(f"  [{label}] retention ran inside the acquire: deleted {r.deleted}; writers etag before {etag_before!r}, after {etag_after!r}")
+        print(
+            f"  [{label}] retention ran inside the acquire: deleted {r.deleted}; writers etag before {etag_before!r}, after {etag_after!r}"
+        )
 
     store.on("head", "jobs/j/chk-1/_metadata", retention_runs, when="after")
     try:
@@ -60,8 +62,10 @@ def run(inner, label: str) -> bool:
         print(f"  [{label}] commit of 2 on parent 1: ok")
     except ClinkError as exc:
         print(f"  [{label}] commit of 2 on parent 1: {type(exc).__name__}: {str(exc)[:100]}")
-    print(f"  [{label}] latest (id 0) = {fresh.reader('j').latest()}  (complete ids on store: "
-          f"{sorted(int(o.key.split('/')[2][4:]) for o in inner.list('jobs/j/') if o.key.endswith('_metadata'))})")
+    print(
+        f"  [{label}] latest (id 0) = {fresh.reader('j').latest()}  (complete ids on store: "
+        f"{sorted(int(o.key.split('/')[2][4:]) for o in inner.list('jobs/j/') if o.key.endswith('_metadata'))})"
+    )
     return True
 
 
@@ -80,13 +84,23 @@ server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 try:
     host, port = server.get_host_and_port()
-    cfg = StoreConfig(endpoint_url=f"http://{host}:{port}", region="us-east-1", access_key_id="testing",
-                      secret_access_key="testing", max_attempts=2, connect_timeout_s=2, read_timeout_s=10)
+    cfg = StoreConfig(
+        endpoint_url=f"http://{host}:{port}",
+        region="us-east-1",
+        access_key_id="testing",
+        secret_access_key="testing",
+        max_attempts=2,
+        connect_timeout_s=2,
+        read_timeout_s=10,
+    )
     s3 = S3Store(f"a2-{uuid.uuid4().hex[:12]}", "root", cfg)
     s3.create_bucket()
     broke = run(s3, "s3")
-    print("VIOLATION (I3: a restore acquired from a checkpoint deleted while it acquired; the job is wedged and latest is empty)"
-          if broke else "held")
+    print(
+        "VIOLATION (I3: a restore acquired from a checkpoint deleted while it acquired; the job is wedged and latest is empty)"
+        if broke
+        else "held"
+    )
 finally:
     server.stop()
 sys.exit(0)

@@ -62,8 +62,17 @@ class LocalPool:
         epoch, latest = self._retry(lambda _: self._core().acquire_writer(job, KeyGroupRange(*key_groups), restore_from))
         return WriterLease(job, tuple(key_groups), epoch, latest)
 
-    def commit_checkpoint(self, job: str, checkpoint_id: int, parent_id: int, key_groups: tuple[int, int], epoch: int, delta,
-                          state_versions: str = "", operators: dict[int, str] | None = None) -> CommitResult:
+    def commit_checkpoint(
+        self,
+        job: str,
+        checkpoint_id: int,
+        parent_id: int,
+        key_groups: tuple[int, int],
+        epoch: int,
+        delta,
+        state_versions: str = "",
+        operators: dict[int, str] | None = None,
+    ) -> CommitResult:
         blob = bytes(delta)
         ops = tuple(sorted((operators or {}).items()))
 
@@ -77,7 +86,9 @@ class LocalPool:
     def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes, manifest_etag: str = "") -> bytes | None:
         return self.multi_get_at(job, checkpoint_id, [op_id], [key], manifest_etag)[0][0]
 
-    def multi_get(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str = "") -> list[bytes | None]:
+    def multi_get(
+        self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str = ""
+    ) -> list[bytes | None]:
         return self.multi_get_at(job, checkpoint_id, op_ids, keys, manifest_etag)[0]
 
     def multi_get_at(self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str = ""):
@@ -91,10 +102,13 @@ class LocalPool:
 
         return self._retry(run)
 
-    def scan_checkpoint(self, job: str, checkpoint_id: int, key_groups=None, op_ids=(), delta: bytes = b"", manifest_etag: str = "") -> bytes:
+    def scan_checkpoint(
+        self, job: str, checkpoint_id: int, key_groups=None, op_ids=(), delta: bytes = b"", manifest_etag: str = ""
+    ) -> bytes:
         kg = KeyGroupRange(*key_groups) if key_groups is not None else None
-        return self._retry(lambda _: b"".join(self._core().scan(job, checkpoint_id, kg, list(op_ids), delta or None,
-                                                                  manifest_etag=manifest_etag or None)))
+        return self._retry(
+            lambda _: b"".join(self._core().scan(job, checkpoint_id, kg, list(op_ids), delta or None, manifest_etag=manifest_etag or None))
+        )
 
     def list_checkpoints(self, job: str, include_incomplete: bool = False) -> list[CheckpointInfo]:
         return [self._seen(i) for i in self._retry(lambda _: self._core().list_checkpoints(job, include_incomplete))]

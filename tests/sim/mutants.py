@@ -39,12 +39,17 @@ def _layers_in_listed_order():  # defect 1: readers and commits trust the order 
                 for layer in part.layers:
                     for path in layer:
                         entry = parent.file(path)
-                        if path not in files and (entry.kind == "base" or any(s.operator or s.overlaps(kg.lo, kg.hi) for s in entry.segments)):
+                        if path not in files and (
+                            entry.kind == "base" or any(s.operator or s.overlaps(kg.lo, kg.hi) for s in entry.segments)
+                        ):
                             files[path] = entry
                             layers.append((path,))
         return layers, files
 
-    with patched(checkpoint_mod, "ordered_layers", lambda manifest, part: list(part.layers)), patched(protocol_mod, "carried_layers", carried):
+    with (
+        patched(checkpoint_mod, "ordered_layers", lambda manifest, part: list(part.layers)),
+        patched(protocol_mod, "carried_layers", carried),
+    ):
         yield
 
 
@@ -54,7 +59,9 @@ def _empty_fold_writes_no_base():  # defect 2: compacting a part whose fold is e
     def manifest(fmt, job, cid, parent, created, ops, versions, parts, files, *rest, **kw):
         empty = {f.path for f in files if f.kind == "base" and f.rows == 0 and f.as_of == cid}
         if empty and fmt == lifecycle_mod.MANIFEST_FORMAT:
-            parts = tuple(type(p)(p.kg_lo, p.kg_hi, p.epoch, p.parent_id, tuple(layer for layer in p.layers if not set(layer) & empty)) for p in parts)
+            parts = tuple(
+                type(p)(p.kg_lo, p.kg_hi, p.epoch, p.parent_id, tuple(layer for layer in p.layers if not set(layer) & empty)) for p in parts
+            )
             files = tuple(f for f in files if f.path not in empty)
         return real(fmt, job, cid, parent, created, ops, versions, parts, files, *rest, **kw)
 
@@ -106,7 +113,9 @@ def _restore_keeps_its_epoch():  # defect 5: a restore in place keeps the old ep
         epoch = self.epoch
         pool = self._pool
         real_acquire = pool.acquire_writer
-        pool.acquire_writer = lambda job, kg, restore_from=None: type("Lease", (), {"epoch": epoch})() if tuple(kg) == tuple(self.key_groups) and epoch else real_acquire(job, kg, restore_from)
+        pool.acquire_writer = lambda job, kg, restore_from=None: (
+            type("Lease", (), {"epoch": epoch})() if tuple(kg) == tuple(self.key_groups) and epoch else real_acquire(job, kg, restore_from)
+        )
         try:
             return real(self, checkpoint_id, key_groups, expected_operators)
         finally:
@@ -138,8 +147,10 @@ def _manifests_cached_by_id():  # defect 9: a cached manifest is served whatever
 
 
 def _no_parent_check_after_commit():  # I6: a part copied from a parent deleted meanwhile may complete
-    with patched(protocol_mod.CommitProtocol, "_source_holds", lambda self, source, part: True), \
-            patched(protocol_mod.CommitProtocol, "_parent_holds", lambda self, job, part: True):
+    with (
+        patched(protocol_mod.CommitProtocol, "_source_holds", lambda self, source, part: True),
+        patched(protocol_mod.CommitProtocol, "_parent_holds", lambda self, job, part: True),
+    ):
         yield
 
 

@@ -152,8 +152,19 @@ class World:
         self.deleted: set[int] = set()
         self.life = 0  # how many times the job was deleted and created again (part ids are per life)
         self.life_epoch_floor = 0
-        self.stats = {"commits": 0, "complete_versions": 0, "rescales": 0, "rewinds": 0, "failovers": 0, "zombie_commits": 0,
-                      "gc_runs": 0, "gc_deleted": 0, "compactions": 0, "crashes": 0, "reads": 0}
+        self.stats = {
+            "commits": 0,
+            "complete_versions": 0,
+            "rescales": 0,
+            "rewinds": 0,
+            "failovers": 0,
+            "zombie_commits": 0,
+            "gc_runs": 0,
+            "gc_deleted": 0,
+            "compactions": 0,
+            "crashes": 0,
+            "reads": 0,
+        }
         self.max_actors = self.rng.randint(2, 5)
         # the workload's profile, drawn per seed so some seeds hammer what others barely touch
         self.user_keys = USER_KEYS[: self.rng.choice([8, 16, 48])]
@@ -178,12 +189,21 @@ class World:
         retry = StoreRetryConfig(max_attempts=4, initial_backoff_s=0, max_backoff_s=0, sleep=lambda _: None, seed=self.seed * 13 + i)
         store = RetryingStore(self.store, retry)
         clock = lambda: self.sched.now_ms / 1000  # noqa: E731 - the logical clock in seconds
-        config = PoolConfig(cache_bytes=self.rng.choice([1 << 16, 8 << 20]), resolved_index_after=-1, segment_target_bytes=512,
-                            max_commit_s=self.min_age_ms / 3000)
+        config = PoolConfig(
+            cache_bytes=self.rng.choice([1 << 16, 8 << 20]),
+            resolved_index_after=-1,
+            segment_target_bytes=512,
+            max_commit_s=self.min_age_ms / 3000,
+        )
         core = PoolCore(store, config, clock=clock)
         core.fencing._sleep = lambda _: None
-        life = Lifecycle(store, LifecycleConfig(gc_min_age_s=self.min_age_ms / 1000, retain_last=1, max_write_s=self.min_age_ms / 3000),
-                         clock=clock, cache=SegmentCache(1 << 20), on_manifest_replaced=core.forget_manifest)
+        life = Lifecycle(
+            store,
+            LifecycleConfig(gc_min_age_s=self.min_age_ms / 1000, retain_last=1, max_write_s=self.min_age_ms / 3000),
+            clock=clock,
+            cache=SegmentCache(1 << 20),
+            on_manifest_replaced=core.forget_manifest,
+        )
         return core, life
 
     def _local_pool(self) -> LocalPool:
@@ -331,7 +351,9 @@ class World:
                 fenced = self.fenced_at.get(pid[1:])
                 written = self.part_written_at.get(f"jobs/{JOB}/chk-{pid[0]}/parts/{pid[1]}-{pid[2]}-e{pid[3]}.json")
                 if fenced is not None and written is not None and written > fenced:
-                    self.fail(f"checkpoint {cid} holds part {pid}, written (store effect {written}) after its writer was fenced (effect {fenced})")
+                    self.fail(
+                        f"checkpoint {cid} holds part {pid}, written (store effect {written}) after its writer was fenced (effect {fenced})"
+                    )
             self.verify_state(JOB, cid, self.model_of(cid, self.part_ids(m)), m)
         now = self.sched.now_ms
         for cid, expires in self.pinned.items():
@@ -371,8 +393,13 @@ class World:
     def verify_state(self, job: str, cid: int, model: dict[Key, bytes], manifest=None) -> None:
         core = self.checker()
         table, _ = core.scan_table(job, cid, None, [], None)
-        got = dict(zip(zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True),
-                       table.column("value_bytes").to_pylist(), strict=True))
+        got = dict(
+            zip(
+                zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True),
+                table.column("value_bytes").to_pylist(),
+                strict=True,
+            )
+        )
         if got != model:
             diff = sorted(set(got.items()) ^ set(model.items()))[:6]
             self.fail(f"checkpoint {cid} of {job} scans {len(got)} rows, the model has {len(model)}; differing: {diff}")
@@ -474,8 +501,11 @@ class World:
                     sub.backend.erase(*key)
                     sub.unshipped_ops[key] = None
                 else:
-                    value = self.rng.randrange(-50, 1000).to_bytes(8, "little", signed=True) if self.rng.random() < 0.5 else \
-                        f"s{sub.uid}-{self.step_no}".encode()
+                    value = (
+                        self.rng.randrange(-50, 1000).to_bytes(8, "little", signed=True)
+                        if self.rng.random() < 0.5
+                        else f"s{sub.uid}-{self.step_no}".encode()
+                    )
                     sub.backend.put(*key, value)
                     sub.unshipped_ops[key] = value
                 continue
@@ -497,8 +527,15 @@ class World:
         pid = (cid, sub.lo, sub.hi, epoch)
         fenced = sub.zombie
         parent = sub.backend.parent_id
-        part = PartModel(pid, dict(sub.keyed), dict(sub.unshipped_ops), parent, sub.prev if parent and sub.prev and sub.prev[0] == parent else None,
-                         sub.base if parent and (sub.prev is None or sub.prev[0] != parent) else None, fenced)
+        part = PartModel(
+            pid,
+            dict(sub.keyed),
+            dict(sub.unshipped_ops),
+            parent,
+            sub.prev if parent and sub.prev and sub.prev[0] == parent else None,
+            sub.base if parent and (sub.prev is None or sub.prev[0] != parent) else None,
+            fenced,
+        )
         if pid not in self.parts:
             self.parts[pid] = part
         self.note(f"{'zombie ' if sub.zombie else ''}subtask {sub.uid} {sub.lo}-{sub.hi} e{epoch} snapshots {cid} (parent {parent})")
@@ -558,8 +595,10 @@ class World:
                     if m is not None and got == self.model_of(m.checkpoint_id, self.part_ids(m)).get((op, k)):
                         continue
                 if k in expected and got != expected[k]:
-                    self.fail(f"subtask {sub.uid} reads {k!r} as {got!r}; the model says {expected[k]!r} "
-                              f"(its own writes, else checkpoint {sub.backend.read_checkpoint})")
+                    self.fail(
+                        f"subtask {sub.uid} reads {k!r} as {got!r}; the model says {expected[k]!r} "
+                        f"(its own writes, else checkpoint {sub.backend.read_checkpoint})"
+                    )
 
         self.launch(f"read-{sub.uid}", lambda: sub.backend.get_many(op, keys), done, sub)
 
@@ -625,7 +664,9 @@ class World:
             n = max(1, min(8, self.parallelism // 2 if self.halving else self.parallelism * 2))
         self.parallelism = n
         same = sorted((t.lo, t.hi) for t in self.subtasks)
-        tiled = bool(same) and same[0][0] == 0 and same[-1][1] == 127 and all(a[1] + 1 == b[0] for a, b in zip(same, same[1:], strict=False))
+        tiled = (
+            bool(same) and same[0][0] == 0 and same[-1][1] == 127 and all(a[1] + 1 == b[0] for a, b in zip(same, same[1:], strict=False))
+        )
         ranges = (even(n) if self.binary_splits else split(self.rng, n)) if self.rng.random() < 0.7 or not tiled else same
         self.stats["rewinds" if cid != current[-1] else "rescales"] += 1
         self.note(f"{'rewind' if cid != current[-1] else 'rescale'} to {len(ranges)} subtasks from checkpoint {cid}")
@@ -732,9 +773,19 @@ class World:
             else:
                 self.sched.now_ms += self.min_age_ms // self.rng.choice([4, 8, 16])
             return
-        choices = [("write", 30 if idle else 0), ("snapshot", 30 if idle else 0), ("read", 8 if idle else 0),
-                   ("zombie", 5 if zombies else 0), ("maintenance", 36 if self.gc_focus else 12), ("failover", 0.6 * w if idle else 0),
-                   ("rescale", self.rescale_weight), ("rewind", 0.5 * w), ("time", self.time_weight), ("zombie dies", 2 if self.zombies else 0), ("recreate", 0.1)]
+        choices = [
+            ("write", 30 if idle else 0),
+            ("snapshot", 30 if idle else 0),
+            ("read", 8 if idle else 0),
+            ("zombie", 5 if zombies else 0),
+            ("maintenance", 36 if self.gc_focus else 12),
+            ("failover", 0.6 * w if idle else 0),
+            ("rescale", self.rescale_weight),
+            ("rewind", 0.5 * w),
+            ("time", self.time_weight),
+            ("zombie dies", 2 if self.zombies else 0),
+            ("recreate", 0.1),
+        ]
         action = self.rng.choices([c for c, _ in choices], weights=[x for _, x in choices])[0]
         if action == "write":
             self.write(self.rng.choice(idle))
