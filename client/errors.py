@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 
 from snapshot.errors import (
@@ -16,6 +18,8 @@ from snapshot.errors import (
     PermissionDeniedError,
     UnauthenticatedError,
     UnavailableError,
+    error_class_named,
+    rebuilt,
 )
 
 __all__ = [
@@ -62,21 +66,35 @@ STATUS_TO_ERROR: dict[grpc.StatusCode, type[ClinkError]] = {
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
-# The error-class trailer the pool sends (pool.errors.ERROR_CLASS_METADATA_KEY) names a subclass more precise than the code.
-ERROR_BY_CLASS_NAME: dict[str, type[ClinkError]] = {cls.__name__: cls for cls in (LimitExceededError, OverloadedError)}
+# The trailers the pool sends (pool.errors): the error's class, more precise than the code, and its attributes as JSON.
 ERROR_CLASS_METADATA_KEY = "clink-error-class"
+ERROR_ATTRIBUTES_METADATA_KEY = "clink-error-attributes"
 
 # Codes whose request certainly did nothing durable, or is idempotent to repeat: retried with backoff.
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
-def error_class_of(exc: grpc.RpcError) -> str | None:
-    """The domain error class the pool named in the call's trailing metadata, if any."""
+def _trailer(exc: grpc.RpcError, key: str) -> str | None:
     try:
         trailers = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - an RpcError without trailers (e.g. raised by the channel itself)
         return None
-    return next((v for k, v in trailers if k == ERROR_CLASS_METADATA_KEY), None)
+    return next((v for k, v in trailers if k == key), None)
+
+
+def error_class_of(exc: grpc.RpcError) -> str | None:
+    """The domain error class the pool named in the call's trailing metadata, if any."""
+    return _trailer(exc, ERROR_CLASS_METADATA_KEY)
+
+
+def error_attributes_of(exc: grpc.RpcError) -> dict[str, object]:
+    """The error's attributes the pool sent (a ChecksumMismatchError's path), empty when none or unreadable."""
+    text = _trailer(exc, ERROR_ATTRIBUTES_METADATA_KEY)
+    try:
+        attributes = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return attributes if isinstance(attributes, dict) else {}
 
 
 def retryable(code: grpc.StatusCode, error_class: str | None = None) -> bool:
@@ -84,12 +102,21 @@ def retryable(code: grpc.StatusCode, error_class: str | None = None) -> bool:
     return code in RETRYABLE_CODES and error_class != LimitExceededError.__name__
 
 
-def error_from_status(code: grpc.StatusCode, details: str | None, what: str, error_class: str | None = None) -> ClinkError:
-    """A domain error for a gRPC status (the class the pool named, when known); the pool's message (which names the file on DATA_LOSS) is kept."""
-    cls = ERROR_BY_CLASS_NAME.get(error_class or "") or STATUS_TO_ERROR.get(code, ClinkError)
+def error_from_status(
+    code: grpc.StatusCode,
+    details: str | None,
+    what: str,
+    error_class: str | None = None,
+    attributes: dict[str, object] | None = None,
+) -> ClinkError:
+    """A domain error for a gRPC status: the class the pool named (with its attributes) when known here, else the code's.
+
+    The pool's message (which names the file on DATA_LOSS) is kept.
+    """
+    cls = error_class_named(error_class or "") or STATUS_TO_ERROR.get(code, ClinkError)
     message = details or code.name.lower()
     if cls is ClinkError:
         message = f"{code.name}: {message}"
-    err = cls(f"{what}: {message}")
+    err = rebuilt(cls, f"{what}: {message}", attributes)
     err.grpc_code_name = code.name  # type: ignore[attr-defined]  # for logs and the CLI's exit codes, no grpc type
     return err

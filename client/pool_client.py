@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from client.errors import ConflictError, InvalidArgumentError, UnavailableError, error_class_of, error_from_status, retryable
+from client.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    UnavailableError,
+    error_attributes_of,
+    error_class_of,
+    error_from_status,
+    retryable,
+)
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
 from store.retry import full_jitter_backoff
@@ -222,17 +230,18 @@ class PoolClient:
             try:
                 return fn()
             except grpc.RpcError as exc:
-                self._back_off_or_raise(exc.code(), exc.details(), what, attempt, error_class_of(exc))
+                self._back_off_or_raise(exc, what, attempt)
                 attempt += 1
 
-    def _back_off_or_raise(self, code: grpc.StatusCode, details: str, what: str, attempt: int, error_class: str | None = None) -> None:
+    def _back_off_or_raise(self, exc: grpc.RpcError, what: str, attempt: int) -> None:
         """Sleep before the next try if the failure is retryable and attempts remain; otherwise raise the domain error."""
         policy = self.config.retry
+        code, error_class = exc.code(), error_class_of(exc)  # type: ignore[attr-defined]
         if retryable(code, error_class) and attempt + 1 < policy.max_attempts:
             self.retries += 1
             self.config.sleep(policy.backoff(attempt, self._rng))
             return
-        err = error_from_status(code, details, what, error_class)
+        err = error_from_status(code, exc.details(), what, error_class, error_attributes_of(exc))  # type: ignore[attr-defined]
         if retryable(code, error_class):
             err.args = (f"{err} (gave up after {attempt + 1} attempt(s))",)
         raise err from None
@@ -330,7 +339,7 @@ class PoolClient:
                 info = _info(resp.checkpoint)
                 return CommitResult(info, resp.bytes_written, attempts=attempt + 1, recovered=resp.repeated and attempt > 0)
             except grpc.RpcError as exc:
-                self._back_off_or_raise(exc.code(), exc.details(), what, attempt, error_class_of(exc))
+                self._back_off_or_raise(exc, what, attempt)
                 attempt += 1
 
     def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes, manifest_etag: str = "") -> bytes | None:
@@ -448,7 +457,7 @@ class PoolClient:
                     raise ConflictError(
                         f"{what}: {details} (an earlier attempt failed with its outcome unknown: the savepoint may be that attempt's)"
                     ) from None
-                self._back_off_or_raise(code, details, what, attempt, error_class_of(exc))
+                self._back_off_or_raise(exc, what, attempt)
                 attempt += 1
 
     def pin_checkpoint(self, job: str, holder: str, ttl_s: float, checkpoint_id: int = 0) -> PinInfo:

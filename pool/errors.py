@@ -15,9 +15,11 @@ from snapshot.errors import (
     NotFoundError,
     OverloadedError,
     PermissionDeniedError,
+    ResourceExhaustedError,
     UnauthenticatedError,
     UnavailableError,
     UnsupportedFormatVersionError,
+    lookup_by_class,
 )
 
 # Looked up along the exception's MRO, so the most specific class wins (CorruptSnapshotError before CorruptDataError).
@@ -37,19 +39,20 @@ STATUS_BY_ERROR: dict[type[BaseException], grpc.StatusCode] = {
     UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
     OverloadedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     LimitExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 # Trailing-metadata key carrying the domain error's class name, so a client can re-raise the exact subclass.
 ERROR_CLASS_METADATA_KEY = "clink-error-class"
 
 
+# Trailing-metadata key carrying the error's public attributes as JSON (a ChecksumMismatchError's path), when it has any.
+ERROR_ATTRIBUTES_METADATA_KEY = "clink-error-attributes"
+
+
 def status_for(exc: BaseException) -> grpc.StatusCode:
     """The status code for an exception: the table entry of its most specific class, INTERNAL when none matches."""
-    for cls in type(exc).__mro__:
-        code = STATUS_BY_ERROR.get(cls)
-        if code is not None:
-            return code
-    return grpc.StatusCode.INTERNAL
+    return lookup_by_class(STATUS_BY_ERROR, exc, grpc.StatusCode.INTERNAL)
 
 
 def describe(exc: BaseException) -> str:

@@ -22,8 +22,10 @@ from snapshot.errors import (
     NotFoundError,
     OverloadedError,
     PermissionDeniedError,
+    ResourceExhaustedError,
     UnauthenticatedError,
     UnavailableError,
+    lookup_by_class,
 )
 
 log = logging.getLogger("clink.pool.http")
@@ -35,27 +37,25 @@ _PARAMS = {"checkpoint", "key_groups", "op_id"}
 # seconds an export may stream in all (a reader slower than this is cut off)
 EXPORT_MAX_S = 3600.0
 
-# domain errors to HTTP status, most specific first: the one table of this module
-STATUS_FOR_ERROR: tuple[tuple[type[ClinkError], int], ...] = (
-    (NotFoundError, 404),
-    (InvalidArgumentError, 400),
-    (OverloadedError, 503),
-    (LimitExceededError, 413),
-    (UnavailableError, 503),
-    (UnauthenticatedError, 401),
-    (PermissionDeniedError, 403),
-    (ConflictError, 409),
-    (FencedError, 409),
-    (CorruptDataError, 502),  # the store holds damaged data: the pool is a gateway to it, and says which file
-)
+# Domain errors to HTTP status, looked up along the exception's MRO as pool/errors.py does for gRPC.
+STATUS_BY_ERROR: dict[type[ClinkError], int] = {
+    NotFoundError: 404,
+    InvalidArgumentError: 400,
+    OverloadedError: 503,
+    LimitExceededError: 413,
+    ResourceExhaustedError: 503,
+    UnavailableError: 503,
+    UnauthenticatedError: 401,
+    PermissionDeniedError: 403,
+    ConflictError: 409,
+    FencedError: 409,
+    CorruptDataError: 502,  # the store holds damaged data: the pool is a gateway to it, and says which file
+}
 
 
 def status_for(exc: BaseException) -> int:
     """The HTTP status of an error raised before the first byte of a response (500 for anything unmapped)."""
-    for cls, status in STATUS_FOR_ERROR:
-        if isinstance(exc, cls):
-            return status
-    return 500
+    return lookup_by_class(STATUS_BY_ERROR, exc, 500)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -10,8 +11,8 @@ from typing import Any, Protocol
 import grpc
 
 from pool.admission import OPEN_LANE, REFLECTION_LANE, WORK_LANE, Admission, Ticket, tag
-from pool.errors import ERROR_CLASS_METADATA_KEY, describe, status_for
-from snapshot.errors import ClinkError, InvalidArgumentError
+from pool.errors import ERROR_ATTRIBUTES_METADATA_KEY, ERROR_CLASS_METADATA_KEY, describe, status_for
+from snapshot.errors import ClinkError, InvalidArgumentError, error_attributes
 
 log = logging.getLogger("clink.pool")
 
@@ -58,6 +59,12 @@ class _Call:
         if self.ticket is not None:
             self.ticket.working()
 
+    def naming(self, exc: BaseException) -> tuple[tuple[str, str], ...]:
+        """Trailers naming the domain error's class and attributes, so the client re-raises the same error."""
+        attributes = _attributes_json(exc, self.redact)
+        named = ((ERROR_CLASS_METADATA_KEY, type(exc).__name__),)
+        return named + (((ERROR_ATTRIBUTES_METADATA_KEY, attributes),) if attributes else ())
+
     def finish(self, code: grpc.StatusCode) -> None:
         if self.done:
             return
@@ -83,9 +90,17 @@ class _Call:
             details = f"internal error in {self.method}: {type(exc).__name__}"
         else:
             log.info("%s -> %s: %s", self.method, code.name, details)
-            context.set_trailing_metadata(((ERROR_CLASS_METADATA_KEY, type(exc).__name__),))
+            context.set_trailing_metadata(self.naming(exc))
         self.finish(code)
         context.abort(code, self.redact(details))  # logged whole above; the client is not told where the store lives
+
+
+def _attributes_json(exc: BaseException, redact: Callable[[str], str]) -> str | None:
+    attributes = error_attributes(exc)
+    if not attributes:
+        return None
+    text = redact(json.dumps(attributes, sort_keys=True, default=str))
+    return text if len(text) <= 4096 else None  # trailers are small; the message still carries the same facts
 
 
 def _current_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:

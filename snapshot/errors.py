@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class ClinkError(Exception):
     """Root of every error the tier raises on purpose."""
@@ -73,7 +78,51 @@ def prefixed(exc: ClinkError, prefix: str) -> ClinkError:
     """The same error (same class, same attributes: a ChecksumMismatchError keeps its path) with ``prefix`` before its message."""
     if str(exc).startswith(prefix):
         return exc
-    new = type(exc).__new__(type(exc))
+    new = rebuilt(type(exc), f"{prefix}: {exc}")
     new.__dict__.update(exc.__dict__)
-    new.args = (f"{prefix}: {exc}",)
     return new
+
+
+def lookup_by_class(table: Mapping[type, T], exc: BaseException, default: T) -> T:
+    """The entry of the exception's most specific class in ``table`` (walking its MRO), ``default`` when none is listed.
+
+    Every error boundary (gRPC status, HTTP status, exit code) is one such table, so a subclass is mapped by its own
+    entry when it has one and by its nearest listed ancestor otherwise.
+    """
+    for cls in type(exc).__mro__:
+        if cls in table:
+            return table[cls]
+    return default
+
+
+def error_class_named(name: str) -> type[ClinkError] | None:
+    """The ClinkError subclass called ``name``, for an error named across a boundary (gRPC trailer, HTTP header)."""
+    pending: list[type[ClinkError]] = [ClinkError]
+    while pending:
+        cls = pending.pop()
+        if cls.__name__ == name:
+            return cls
+        pending.extend(cls.__subclasses__())
+    return None
+
+
+def error_attributes(exc: BaseException) -> dict[str, object]:
+    """The public attributes of an error that travel across a boundary: strings, numbers and flat dicts of them."""
+    plain = (str, int, float, bool)
+    out: dict[str, object] = {}
+    for name, value in vars(exc).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, plain) or (isinstance(value, dict) and all(isinstance(v, plain) for v in value.values())):
+            out[name] = value
+    return out
+
+
+def rebuilt(cls: type[ClinkError], message: str, attributes: Mapping[str, object] | None = None) -> ClinkError:
+    """An error of ``cls`` carrying ``message`` and ``attributes``, made without its constructor (whose arguments differ by class)."""
+    err = cls.__new__(cls)
+    err.args = (message,)
+    for name, value in (attributes or {}).items():
+        if not name.startswith("_"):
+            setattr(err, name, value)
+    return err

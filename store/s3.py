@@ -10,6 +10,7 @@ import botocore.exceptions as bex
 from botocore.config import Config
 
 from snapshot.errors import (
+    ClinkError,
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
@@ -19,11 +20,31 @@ from snapshot.errors import (
 )
 from store.objects import ObjectInfo, ObjectStore, StoreConfig, StoreCounters, validate_key, validate_prefix
 
-_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
-_CONFLICT = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409", "OperationAborted"}
-_UNAVAILABLE = {"SlowDown", "503", "ServiceUnavailable", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError", "500"}
-_DENIED = {"AccessDenied", "403", "AllAccessDisabled"}
-_UNAUTH = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
+# S3 error codes, then HTTP statuses, to domain errors: the one table of this boundary (an unlisted 5xx is unavailable).
+ERROR_BY_S3_CODE: dict[str, type[ClinkError]] = {
+    **dict.fromkeys(("NoSuchBucket", "NoSuchKey", "NotFound", "404"), NotFoundError),
+    **dict.fromkeys(("PreconditionFailed", "ConditionalRequestConflict", "OperationAborted", "409", "412"), ConflictError),
+    **dict.fromkeys(("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"), UnauthenticatedError),
+    **dict.fromkeys(("AccessDenied", "AllAccessDisabled", "403"), PermissionDeniedError),
+    **dict.fromkeys(
+        ("SlowDown", "ServiceUnavailable", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError", "500", "503"),
+        UnavailableError,
+    ),
+}
+
+# What each domain error says, given the S3 code's message
+_MESSAGE_BY_ERROR: dict[type[ClinkError], str] = {
+    NotFoundError: "object {what} not found in {uri}",
+    ConflictError: "conditional write of {what} in {uri} lost: {message}",
+    UnauthenticatedError: "{uri} rejected the credentials ({what}): {message}",
+    PermissionDeniedError: "access to {what} in {uri} denied: {message}",
+    UnavailableError: "{uri} unavailable ({what}): {code} {message}",
+}
+
+
+def error_for_s3_code(code: str, status: str) -> type[ClinkError]:
+    """The domain error an S3 error code (or, when the code is not listed, its HTTP status) stands for."""
+    return ERROR_BY_S3_CODE.get(code) or ERROR_BY_S3_CODE.get(status) or UnavailableError
 
 
 class _RangeNotSatisfiable(Exception):
@@ -91,18 +112,9 @@ class S3Store(ObjectStore):
             if code == "InvalidRange" or status == "416":
                 raise _RangeNotSatisfiable() from None
             if code == "NoSuchBucket":
-                raise NotFoundError(f"bucket {self.bucket} not found ({what})") from None
-            if code in _NOT_FOUND or status == "404":
-                raise NotFoundError(f"object {what} not found in {self.uri}") from None
-            if code in _CONFLICT or status in ("409", "412"):
-                raise ConflictError(f"conditional write of {what} in {self.uri} lost: {message}") from None
-            if code in _UNAUTH:
-                raise UnauthenticatedError(f"{self.uri} rejected the credentials ({what}): {message}") from None
-            if code in _DENIED or status == "403":
-                raise PermissionDeniedError(f"access to {what} in {self.uri} denied: {message}") from None
-            if code in _UNAVAILABLE or status.startswith("5"):
-                raise UnavailableError(f"{self.uri} unavailable ({what}): {code} {message}") from None
-            raise UnavailableError(f"{self.uri} failed on {what}: {code} {message}") from None
+                raise NotFoundError(f"bucket {self.bucket} not found ({what})") from exc
+            error = error_for_s3_code(code, status)
+            raise error(_MESSAGE_BY_ERROR[error].format(what=what, uri=self.uri, code=code, message=message)) from exc
         except (bex.EndpointConnectionError, bex.ConnectionError, bex.ReadTimeoutError, bex.ConnectTimeoutError) as exc:
             raise UnavailableError(f"{self.uri} unreachable ({what}): {exc}") from None
         except bex.NoCredentialsError:
@@ -172,7 +184,7 @@ class S3Store(ObjectStore):
         meta = exc.response.get("ResponseMetadata", {})
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = str(meta.get("HTTPStatusCode", ""))
-        if not meta.get("RetryAttempts") or not (code in _CONFLICT or status in ("409", "412")):
+        if not meta.get("RetryAttempts") or error_for_s3_code(code, status) is not ConflictError:
             return None
         try:
             current, etag = self.get_with_etag(key)

@@ -52,7 +52,7 @@ class ServePool:
             "json",
             "--grace",
             "1",
-            "--gc-min-age-s",
+            "--gc-min-age",
             "0",
             *extra,
         ]

@@ -32,7 +32,7 @@ from tests.security_fixtures import TOKENS_TEXT, make_pki
 
 ROOT = Path(__file__).resolve().parents[1]
 HONEST_DEADLINE_S = 2.0
-IDLE_S = 2.0  # the pool's --call-idle-s in these tests
+IDLE_S = 2.0  # the pool's --call-idle in these tests
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the pool's RSS from /proc")
 
 
@@ -73,7 +73,7 @@ class Pool:
             "0",
             "--metrics-port",
             "0",
-            "--call-idle-s",
+            "--call-idle",
             str(IDLE_S),
             "--request-memory-mb",
             "256",
@@ -413,7 +413,7 @@ def test_stalled_scans_of_one_token_leave_workers_for_others_and_are_cancelled(p
         attack(pool, 250, run)
     finally:
         channel.close()
-    # past the per-token limit (8) refused at once; the rest cancelled once idle for --call-idle-s, or sent out whole when
+    # past the per-token limit (8) refused at once; the rest cancelled once idle for --call-idle, or sent out whole when
     # grpc's flow-control window took the stream (idle cancellation itself: test_stalled_commits_are_cancelled_after_the_idle_limit)
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 8, codes
     assert set(codes) <= {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.OK}, codes

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import snapshot as s
+from clink.cli.common import EXIT_DATA, EXIT_DENIED, EXIT_UNAVAILABLE
 from tests.cli_fixtures import generated_table, one_line_error, run
 from tests.security_fixtures import make_pki
 
@@ -102,7 +103,7 @@ def test_https_never_follows_a_redirect_down_to_http(stream, tmp_path):
             result = run(
                 ["--pool-token", TOKEN, "--pool-ca-file", str(paths["ca_pem"]), "state-cat", f"https://127.0.0.1:{secure}/s.arrow"]
             )
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_DENIED
     assert "from https down to http" in one_line_error(result)
     assert seen_plain == []
 
@@ -113,7 +114,9 @@ def test_no_token_in_plaintext_to_another_machine_without_insecure(src):
     assert result.exit_code == 2
     assert "refusing to send the pool token in plaintext" in one_line_error(result)
     insecure = run(["--insecure", "--pool-token", TOKEN, "--pool-timeout", "0.5", "state-cat", src, "--limit", "0"])
-    assert insecure.exit_code == 2 and "refusing" not in insecure.stderr  # it tried (and found nobody at the TEST-NET address)
+    assert (
+        insecure.exit_code == EXIT_UNAVAILABLE and "refusing" not in insecure.stderr
+    )  # it tried (and found nobody at the TEST-NET address)
 
 
 def test_out_refuses_what_it_should_not_replace(stream, tmp_path):
@@ -165,7 +168,7 @@ def test_state_cat_refuses_a_decompression_bomb_without_inflating_it(tmp_path):
     bomb.write_bytes(zstd_bomb(1 << 30))  # 1 GiB of zeros in ~33 KB
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = run(["state-cat", str(bomb)])
-    assert result.exit_code == 2 and "compressed" in one_line_error(result)
+    assert result.exit_code == EXIT_DATA and "compressed" in one_line_error(result)
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 < 100 << 20
 
 

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import snapshot as s
+from clink.cli.common import EXIT_CONFLICT, EXIT_DATA, EXIT_NOT_FOUND, EXIT_USAGE
 from tests.cli_fixtures import (
     OP_IDS,
     STATE_VERSIONS,
@@ -122,36 +123,36 @@ def test_cat_slot_limit_and_filters(snap) -> None:
 
 
 @pytest.mark.parametrize("name", INVALID)
-def test_every_invalid_vector_is_one_error_line_and_exit_2(name: str) -> None:
+def test_every_invalid_vector_is_one_error_line_and_exit_data(name: str) -> None:
     result = run(["state-cat", str(VECTORS / name)])
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_DATA, result.output
     line = one_line_error(result)
     assert name in line
     assert result.stdout == ""
 
 
 @pytest.mark.parametrize(
-    "args, needle",
+    "args, needle, code",
     [
-        (["state-cat", "/nonexistent/x.snap"], "no such file"),
-        (["state-cat"], "Missing argument"),
-        (["state-cat", "x", "--limit", "-1"], "--limit"),
-        (["state-cat", "ftp://x/y"], "unknown source scheme"),
-        (["state-cat", "grpc://host-without-port/job"], "grpc://HOST:PORT/JOB"),
-        (["state-cat", str(VECTORS / "small.snap"), "--key-groups", "9-3"], "key groups"),
-        (["state-cat", str(VECTORS / "small.snap"), "--op", "nope"], "uid:NAME"),
-        (["state-query", str(VECTORS / "small.snap"), "SELEC 1"], "query failed"),
-        (["state-query", str(VECTORS / "small.snap"), "SELECT nope FROM state"], "nope"),
-        (["state-export", "--from", str(VECTORS / "small.snap")], "--out is required"),
-        (["state-export", "--from", str(VECTORS / "small.snap"), "--format", "iceberg"], "--catalog-uri"),
-        (["state-export", "--from", str(VECTORS / "small.snap"), "--out", "/nonexistent/dir/x.arrow"], "does not exist"),
-        (["check-savepoint", str(VECTORS / "small.snap"), "--expect-op", "zz"], "uid:NAME"),
-        (["no-such-command"], "No such command"),
+        (["state-cat", "/nonexistent/x.snap"], "no such file", EXIT_NOT_FOUND),
+        (["state-cat"], "Missing argument", EXIT_USAGE),
+        (["state-cat", "x", "--limit", "-1"], "--limit", EXIT_USAGE),
+        (["state-cat", "ftp://x/y"], "unknown source scheme", EXIT_USAGE),
+        (["state-cat", "grpc://host-without-port/job"], "grpc://HOST:PORT/JOB", EXIT_USAGE),
+        (["state-cat", str(VECTORS / "small.snap"), "--key-groups", "9-3"], "key groups", EXIT_USAGE),
+        (["state-cat", str(VECTORS / "small.snap"), "--op", "nope"], "uid:NAME", EXIT_USAGE),
+        (["state-query", str(VECTORS / "small.snap"), "SELEC 1"], "query failed", EXIT_USAGE),
+        (["state-query", str(VECTORS / "small.snap"), "SELECT nope FROM state"], "nope", EXIT_USAGE),
+        (["state-export", "--from", str(VECTORS / "small.snap")], "--out is required", EXIT_USAGE),
+        (["state-export", "--from", str(VECTORS / "small.snap"), "--format", "iceberg"], "--catalog-uri", EXIT_USAGE),
+        (["state-export", "--from", str(VECTORS / "small.snap"), "--out", "/nonexistent/dir/x.arrow"], "does not exist", EXIT_NOT_FOUND),
+        (["check-savepoint", str(VECTORS / "small.snap"), "--expect-op", "zz"], "uid:NAME", EXIT_USAGE),
+        (["no-such-command"], "No such command", EXIT_USAGE),
     ],
 )
-def test_errors_are_one_line_with_exit_2(args: list[str], needle: str) -> None:
+def test_errors_are_one_line_with_the_exit_code_of_their_kind(args: list[str], needle: str, code: int) -> None:
     result = run(args)
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == code, result.output
     assert needle in one_line_error(result)
 
 
@@ -229,9 +230,9 @@ def test_diff_equal_is_exit_0_and_ignores_row_order_and_variant(tmp_path: Path) 
     assert run(["state-diff", str(VECTORS / "changelog.snap"), str(c)]).exit_code == 0
 
 
-def test_diff_error_is_exit_2(tmp_path: Path) -> None:
+def test_diff_of_damaged_data_is_exit_data_not_a_difference(tmp_path: Path) -> None:
     result = run(["state-diff", str(VECTORS / "small.snap"), str(VECTORS / "truncated.snap")])
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_DATA
     assert "truncated.snap" in one_line_error(result)
 
 
@@ -311,12 +312,12 @@ def test_export_changelog_source_writes_the_replayed_canonical_stream(tmp_path: 
 def test_failed_export_leaves_nothing_behind(tmp_path: Path) -> None:
     out = tmp_path / "x.parquet"
     result = run(["state-export", "--from", str(VECTORS / "null-value.snap"), "--out", str(out)])
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_DATA
     one_line_error(result)
     assert list(tmp_path.iterdir()) == []
     out.write_bytes(b"keep me")
     result = run(["state-export", "--from", str(VECTORS / "not-arrow.snap"), "--out", str(out)])
-    assert result.exit_code == 2 and out.read_bytes() == b"keep me"
+    assert result.exit_code == EXIT_USAGE and out.read_bytes() == b"keep me"  # an existing --out is refused before reading
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.parquet"]
 
 
@@ -360,7 +361,7 @@ def test_export_iceberg_reads_back_equal_to_the_snapshot(snap, tmp_path: Path) -
     assert got_rows == want_rows
     # an existing table is refused by default and left as it was
     again = run(args)
-    assert again.exit_code == 2 and "already exists" in one_line_error(again)
+    assert again.exit_code == EXIT_CONFLICT and "already exists" in one_line_error(again)
     assert catalog.load_table("clink.state").scan().to_arrow().num_rows == table.num_rows
     assert run([*args, "--if-exists", "append"]).exit_code == 0
     assert catalog.load_table("clink.state").scan().to_arrow().num_rows == 2 * table.num_rows
@@ -404,9 +405,9 @@ def test_check_file_catches_a_wrong_key_group_byte(tmp_path: Path) -> None:
     assert len(fails) == 1 and fails[0]["check"] == "key layout" and bad.hex() in fails[0]["detail"]
 
 
-def test_check_missing_source_is_exit_2(tmp_path: Path) -> None:
+def test_check_missing_source_is_exit_not_found(tmp_path: Path) -> None:
     result = run(["check-savepoint", str(tmp_path / "nothing.snap")])
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_NOT_FOUND
     one_line_error(result)
 
 
@@ -437,7 +438,7 @@ def test_console_script_subprocess_exit_codes(snap, tmp_path: Path) -> None:
     bad = subprocess.run(
         [*_console_script(), "state-cat", str(VECTORS / "truncated.snap")], capture_output=True, text=True, env=env, timeout=120
     )
-    assert bad.returncode == 2
+    assert bad.returncode == EXIT_DATA
     assert bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
     out = tmp_path / "o.arrow"
     with open(out, "wb") as fh:

@@ -11,6 +11,7 @@ import duckdb
 import pytest
 
 import snapshot as s
+from clink.cli.common import EXIT_NOT_FOUND, EXIT_UNAVAILABLE
 from pool.server import PoolServer, PoolServerConfig
 from tests.cli_fixtures import OP_IDS, STATE_VERSIONS, commit_checkpoints, generated_table, one_line_error, rows_of, run, slot_counts
 
@@ -83,7 +84,7 @@ def test_unknown_job_and_checkpoint_are_one_line_errors(pool) -> None:
     base, _, _, _ = pool
     for src, needle in ((f"{base}/nobody", "nobody"), (f"{base}/{JOB}/chk-77", "77")):
         result = run(["state-cat", src])
-        assert result.exit_code == 2
+        assert result.exit_code == EXIT_NOT_FOUND
         assert needle in one_line_error(result)
 
 
@@ -93,7 +94,7 @@ def test_unreachable_pool_fails_fast_with_one_line() -> None:
         port = sock.getsockname()[1]
     started = time.monotonic()
     result = run(["--pool-timeout", "1", "state-cat", f"grpc://127.0.0.1:{port}/{JOB}"])
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_UNAVAILABLE
     assert f"127.0.0.1:{port}" in one_line_error(result) or "unavailable" in one_line_error(result).lower()
     assert time.monotonic() - started < 60
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from clink.cli.common import EXIT_DENIED, EXIT_UNAVAILABLE
 from pool.server import PoolServer, PoolServerConfig
 from tests.cli_fixtures import commit_checkpoints, generated_table, one_line_error, rows_of, run
 from tests.security_fixtures import make_pki, token_table
@@ -58,7 +59,7 @@ def test_missing_or_wrong_tokens_are_one_line_errors(secured, token: str | None,
     pre = ["--pool-ca-file", ca, "--pool-timeout", "5"] + (["--pool-token", token] if token else [])
     for src in (f"{grpc_base}/{JOB}", f"{https_base}/jobs/{JOB}/state.arrow"):
         result = run([*pre, "state-cat", src], env={"CLINK_POOL_TOKEN": ""})
-        assert result.exit_code == 2, result.output
+        assert result.exit_code == EXIT_DENIED, result.output
         assert needle in one_line_error(result).lower() or needle in one_line_error(result)
 
 
@@ -87,7 +88,7 @@ def test_client_certificates_open_a_mutual_tls_pool(file_store, pki, tmp_path) -
     try:
         for src in (f"grpc://127.0.0.1:{server.port}/{JOB}", f"https://127.0.0.1:{server.http_port}/jobs/{JOB}/state.arrow"):
             without = run([*pre, "state-cat", src, "--limit", "0"])
-            assert without.exit_code == 2, without.output  # the pool wants a client certificate
+            assert without.exit_code == EXIT_UNAVAILABLE, without.output  # the pool wants a client certificate
             result = run([*pre, *certs, "state-cat", src, "--limit", "0", "-o", "json"])
             assert result.exit_code == 0, result.output
             assert json.loads(result.stdout)["total_rows"] == table.num_rows

@@ -13,6 +13,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 import snapshot as s
+from clink.cli.common import EXIT_DATA, EXIT_NOT_FOUND
 from store.manifest import job_prefix, metadata_key
 from tests.cli_fixtures import OP_IDS, STATE_VERSIONS, commit_checkpoints, generated_table, one_line_error, rows_of, run, slot_counts
 
@@ -99,10 +100,10 @@ def test_s3_endpoint_from_environment(make_s3_store, s3_config, s3_env, tmp_path
 def test_unknown_checkpoint_and_bucket_are_one_line_errors(two_checkpoints, s3_config, s3_env) -> None:
     store, _, _ = two_checkpoints
     result = run([*_args(store, s3_config), "state-cat", _chk(store, 9)], env=s3_env)
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_NOT_FOUND
     assert "checkpoint 9" in one_line_error(result)
     result = run([*_args(store, s3_config), "check-savepoint", _chk(store, 9)], env=s3_env)
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_NOT_FOUND
     one_line_error(result)
 
 
@@ -147,7 +148,7 @@ def test_check_names_a_file_with_a_flipped_byte(two_checkpoints, s3_config, s3_e
     assert "sha256" in fails[0]["detail"]
     # reading it is refused too, naming the file
     result = run([*_args(store, s3_config), "state-cat", _chk(store, 2)], env=s3_env)
-    assert result.exit_code == 2 and victim in one_line_error(result)
+    assert result.exit_code == EXIT_DATA and victim in one_line_error(result)
 
 
 def test_check_names_a_missing_file(two_checkpoints, s3_config, s3_env) -> None:
@@ -272,7 +273,7 @@ def test_check_savepoint_names_damaged_and_missing_files(savepoint, s3_config, s
     fails = [(f["check"], f["path"]) for f in json.loads(result.stdout)["findings"] if f["status"] == "fail"]
     assert sorted(fails) == sorted([("checksum", paths[0]), ("presence", paths[-1])])
     missing = run([*pre, "check-savepoint", f"{other.uri}/savepoints/nope"], env=s3_env)
-    assert missing.exit_code == 2
+    assert missing.exit_code == EXIT_NOT_FOUND
     assert "nope" in one_line_error(missing)
 
 

@@ -409,9 +409,14 @@ def test_a_damaged_data_file_reaches_the_worker_as_corrupt_data_naming_the_file(
     pool_store.put(data_files[0], bytes(blob))
     with RemoteReadBackend.connect(pool_address, job, (0, 127), FAST) as reader:
         reader.restore()
-        with pytest.raises(CorruptDataError, match=data_files[0].rsplit("/", 1)[-1]):
+        with pytest.raises(CorruptDataError, match=data_files[0].rsplit("/", 1)[-1]) as raised:
             reader.get_many(OP_COUNT, KEYS[:50])
         assert reader.cache_stats["entries"] == 0  # nothing damaged was cached
+    # the pool named the exact class and its attributes: the worker sees what the pool saw, not just DATA_LOSS
+    from snapshot.errors import ChecksumMismatchError
+
+    assert isinstance(raised.value, ChecksumMismatchError)
+    assert data_files[0].rsplit("/", 1)[-1] in raised.value.path and raised.value.expected != raised.value.actual
     b.close()
 
 

@@ -17,6 +17,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 import snapshot as s
+from clink.cli.common import EXIT_NOT_FOUND
 from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.http_export import ARROW_STREAM_TYPE, parse_request, start_http_export
@@ -191,6 +192,6 @@ def test_clink_reads_the_http_route_as_a_source(served, tmp_path: Path) -> None:
     same = run([*pre, "state-diff", f"{url}?checkpoint=1", f"{store.uri}/jobs/{JOB}/chk-1"], env=env)
     assert same.exit_code == 0, same.output
     missing = run(["state-cat", f"{export.url}/jobs/nobody/state.arrow"])
-    assert missing.exit_code == 2
+    assert missing.exit_code == EXIT_NOT_FOUND
     line = one_line_error(missing)
     assert "HTTP 404" in line and "nobody" in line

@@ -8,6 +8,7 @@ import random
 import pytest
 from click.testing import CliRunner
 
+from clink.cli.common import EXIT_CONFLICT
 from clink.cli.pool import cli
 from pool.core import PoolCore
 from pool.lifecycle import Lifecycle
@@ -97,8 +98,8 @@ def test_errors_are_one_line_with_exit_codes(job_store, tmp_path):
     assert "job nojob has no complete checkpoint" in run("savepoint", "--store", uri, "nojob", "x", code=3)
     assert "checkpoint 99" in run("inspect", "--store", uri, "orders", "-c", "99", code=3)
     run("savepoint", "--store", uri, "orders", "dup")
-    assert "already exists" in run("savepoint", "--store", uri, "orders", "dup", code=1)
-    assert "already exists" in run("restore", "--store", uri, "orders", "--from-savepoint", "dup", code=1)
+    assert "already exists" in run("savepoint", "--store", uri, "orders", "dup", code=EXIT_CONFLICT)
+    assert "already exists" in run("restore", "--store", uri, "orders", "--from-savepoint", "dup", code=EXIT_CONFLICT)
     assert "duration" in run("gc", "--store", uri, "--min-age", "soon", code=2)
     assert "JOB or --savepoint" in run("inspect", "--store", uri, code=2)
     assert "unknown scheme" in run("ls", "--store", "ftp://x", code=2)

@@ -2,26 +2,55 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import os
 import sys
 import time
 
 import click
 
-from snapshot.errors import ClinkError, InvalidArgumentError, NotFoundError, UnavailableError
+from clink.cli.common import (
+    DURATION,
+    ENV_POOL_STORE,
+    EXIT_HELP,
+    OUTPUT_OPTION,
+    POSITIVE_DURATION,
+    S3_OPTIONS,
+    CommandLine,
+    apply,
+    output_of,
+    shared_option,
+    shared_value,
+    store_config,
+)
+from snapshot.errors import InvalidArgumentError
 
-# Exit codes scripts can rely on (click itself exits 2 on usage errors).
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the store or the listen address is unusable; retrying may help
+DEFAULT_STORE = "file://./pool-data"
 
-# modules adding subcommands (each exposes COMMANDS), imported when a command is looked up so --help stays fast
-_COMMAND_MODULES = ("clink.cli.pool_lifecycle",)
+STORE_OPTION = shared_option(
+    "--store",
+    envvar=ENV_POOL_STORE,
+    metavar="URI",
+    help=f"Where checkpoints live: file://DIR or s3://BUCKET/PREFIX. Env: {ENV_POOL_STORE}. serve's default: {DEFAULT_STORE}.",
+)
+
+# every command takes these before or after its name: `clink-pool --store S ls` = `clink-pool ls --store S`
+STORE_OPTIONS = (STORE_OPTION, *S3_OPTIONS, OUTPUT_OPTION)
+
+
+def store_uri_of(ctx: click.Context, default: str | None = None) -> str:
+    """The --store given before or after the command (or in CLINK_POOL_STORE); a usage error when none and no default."""
+    uri = shared_value(ctx, "store", default)
+    if not uri:
+        raise click.UsageError(f"--store is required (or set {ENV_POOL_STORE}), e.g. --store file:///data/pool", ctx)
+    return uri
+
+
+def open_store_of(ctx: click.Context, uri: str | None = None):
+    """The object store at ``uri`` (default: --store) with the S3 options given wherever."""
+    from store.objects import open_store
+
+    return open_store(uri or store_uri_of(ctx), store_config(shared_value(ctx, "s3_endpoint_url"), shared_value(ctx, "s3_region")))
 
 
 class _JsonFormatter(logging.Formatter):
@@ -46,46 +75,20 @@ def setup_logging(level: str, output: str) -> None:
     root.setLevel(level.upper())
 
 
-def exit_code_for(exc: ClinkError) -> int:
-    """The exit code for a domain error."""
-    if isinstance(exc, UnavailableError):
-        return EXIT_UNAVAILABLE
-    if isinstance(exc, NotFoundError):
-        return EXIT_NOT_FOUND
-    if isinstance(exc, InvalidArgumentError):
-        return EXIT_USAGE
-    return EXIT_ERROR
+class PoolCommandLine(CommandLine):
+    """The clink-pool group: serve here, the store-level commands from pool_lifecycle.py; all take the store options."""
+
+    command_modules = ("clink.cli.pool_lifecycle",)
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:  # noqa: D102
+        apply(STORE_OPTIONS)(cmd)
+        super().add_command(cmd, name)
 
 
-def fail(exc: ClinkError) -> None:
-    """Print one clear line (no traceback) and exit with the code for the error."""
-    click.echo(f"clink-pool: error: {exc}", err=True)
-    sys.exit(exit_code_for(exc))
-
-
-class PoolGroup(click.Group):
-    """A click group that also loads the subcommands of _COMMAND_MODULES (lazily, on the first lookup)."""
-
-    _loaded = False
-
-    def _load_plugins(self) -> None:
-        if PoolGroup._loaded:
-            return
-        PoolGroup._loaded = True
-        for name in _COMMAND_MODULES:
-            for command in getattr(importlib.import_module(name), "COMMANDS", ()):
-                self.add_command(command)
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        self._load_plugins()
-        return super().list_commands(ctx)
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        self._load_plugins()
-        return super().get_command(ctx, cmd_name)
-
-
-@click.group(cls=PoolGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(
+    "clink-pool", cls=PoolCommandLine, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}, epilog=EXIT_HELP
+)
+@apply(STORE_OPTIONS)
 @click.version_option(package_name="clink-remote-state", prog_name="clink-pool")
 def cli() -> None:
     """Run and operate the RemotePool, the state of record of clink jobs.
@@ -99,20 +102,11 @@ def cli() -> None:
       clink-pool serve
     Serve an S3-compatible bucket (MinIO, SeaweedFS, AWS) with Prometheus metrics:
       clink-pool serve --store s3://my-bucket/pool --s3-endpoint-url http://127.0.0.1:8333 --metrics-port 9464
-
-    Exit codes: 0 ok, 1 error, 2 bad usage or argument, 3 not found, 69 store or address unavailable.
+    Options before or after the command name mean the same.
     """
 
 
 @cli.command()
-@click.option(
-    "--store",
-    "store_uri",
-    default="file://./pool-data",
-    show_default=True,
-    envvar="CLINK_POOL_STORE",
-    help="Where checkpoints live: file://DIR or s3://BUCKET/PREFIX. Env: CLINK_POOL_STORE.",
-)
 @click.option("--listen", default="127.0.0.1:7420", show_default=True, help="gRPC address HOST:PORT (port 0 picks a free one).")
 @click.option(
     "--metrics-port",
@@ -127,15 +121,6 @@ def cli() -> None:
     default=None,
     help="Serve GET /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI (Arrow stream) on METRICS_HOST:PORT (0 picks a free port). Off when omitted.",
 )
-@click.option(
-    "--s3-endpoint-url",
-    envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],
-    default=None,
-    help="S3 endpoint for s3:// stores (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL. Default: AWS.",
-)
-@click.option(
-    "--s3-region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], default=None, help="S3 region. Env: AWS_REGION, AWS_DEFAULT_REGION."
-)
 @click.option("--create-bucket/--no-create-bucket", default=False, show_default=True, help="Create the S3 bucket if it does not exist.")
 @click.option(
     "--cache-mb", type=click.IntRange(0), default=256, show_default=True, help="Bytes of data files kept in memory for reads, in MiB."
@@ -149,9 +134,7 @@ def cli() -> None:
     show_default=True,
     help="Largest gRPC request message taken, in MiB (grpc holds a whole message before the pool can refuse it).",
 )
-@click.option(
-    "--grace", type=click.FloatRange(0), default=5.0, show_default=True, help="Seconds in-flight calls get to finish on SIGTERM/SIGINT."
-)
+@click.option("--grace", type=DURATION, default="5s", show_default=True, help="How long in-flight calls get to finish on SIGTERM/SIGINT.")
 @click.option(
     "--tls-cert",
     type=click.Path(dir_okay=False),
@@ -189,16 +172,16 @@ def cli() -> None:
     help="Calls of one bearer token admitted at once (0: no per-token bound), so one caller cannot take every worker.",
 )
 @click.option(
-    "--call-idle-s",
-    type=click.FloatRange(0, min_open=True),
-    default=60.0,
+    "--call-idle",
+    type=POSITIVE_DURATION,
+    default="60s",
     show_default=True,
     help="Cancel a call that waits this long on its client (a stream it stops sending or reading).",
 )
 @click.option(
-    "--call-max-s",
-    type=click.FloatRange(0, min_open=True),
-    default=3600.0,
+    "--call-max",
+    type=POSITIVE_DURATION,
+    default="1h",
     show_default=True,
     help="Cancel any call running longer than this.",
 )
@@ -228,11 +211,11 @@ def cli() -> None:
     "--max-concurrent-streams", type=click.IntRange(1), default=None, help="HTTP/2 streams per client connection. Default: grpc's."
 )
 @click.option(
-    "--gc-min-age-s",
-    type=click.FloatRange(0),
+    "--gc-min-age",
+    type=DURATION,
     default=None,
-    help="CollectGarbage deletes only unreferenced files older than this many seconds, so commits in flight are safe. "
-    "Default: 3600 (LifecycleConfig.gc_min_age_s).",
+    help="CollectGarbage deletes only unreferenced files older than this (90s, 15m, 2h), so commits in flight are safe. "
+    "Default: 3600s (LifecycleConfig.gc_min_age_s).",
 )
 @click.option(
     "--compact-max-layers",
@@ -247,21 +230,13 @@ def cli() -> None:
     help="CompactCheckpoint (without force) folds a part whose deltas hold more MiB than this. Default: 256 (LifecycleConfig.compact_max_delta_bytes).",
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
-@click.option(
-    "--output",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Format of the ready line (stdout) and of the logs (stderr).",
-)
+@click.pass_context
 def serve(
-    store_uri: str,
+    ctx: click.Context,
     listen: str,
     metrics_port: int | None,
     metrics_host: str,
     http_port: int | None,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
     create_bucket: bool,
     cache_mb: int,
     max_workers: int,
@@ -274,19 +249,18 @@ def serve(
     token_file: str | None,
     max_concurrent_rpcs: int,
     max_rpcs_per_token: int,
-    call_idle_s: float,
-    call_max_s: float,
+    call_idle: float,
+    call_max: float,
     max_multiget_keys: int,
     max_multiget_key_mb: int,
     max_commit_mb: int,
     request_memory_mb: int,
     max_http_exports: int,
     max_concurrent_streams: int | None,
-    gc_min_age_s: float | None,
+    gc_min_age: float | None,
     compact_max_layers: int | None,
     compact_max_delta_mb: int | None,
     log_level: str,
-    output: str,
 ) -> None:
     """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
 
@@ -294,21 +268,16 @@ def serve(
     (with --output json: {"event": "serving", "address": ..., "port": ..., "metrics_port": ...}).
     S3 credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when set, otherwise from
     boto3's default chain (profile, instance role).
-    The --gc-min-age-s and --compact-max-* flags set what the CollectGarbage and CompactCheckpoint RPCs use;
+    The --gc-min-age and --compact-max-* flags set what the CollectGarbage and CompactCheckpoint RPCs use;
     retention (keep the newest K checkpoints) is not an RPC: run `clink-pool gc --keep-last K` on the store.
     """
-    setup_logging(log_level, output)
+    output = output_of(ctx)
+    store_uri = store_uri_of(ctx, DEFAULT_STORE)
+    setup_logging(log_level, output.format)
     # imported here so `clink-pool --help` stays fast and works without the server's dependencies loaded
     from pool.domain import PoolConfig
     from pool.server import PoolServer, PoolServerConfig, stop_on_signals
-    from store.objects import StoreConfig
 
-    store_config = StoreConfig(
-        endpoint_url=s3_endpoint_url,
-        region=s3_region,
-        access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or None,
-        secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or None,
-    )
     config = PoolServerConfig(
         store_uri=store_uri,
         listen=listen,
@@ -319,7 +288,7 @@ def serve(
         max_message_bytes=max_message_mb << 20,
         max_request_bytes=max_request_mb << 20,
         grace_seconds=grace,
-        store=store_config,
+        store=store_config(shared_value(ctx, "s3_endpoint_url"), shared_value(ctx, "s3_region")),
         pool=PoolConfig(
             cache_bytes=cache_mb << 20,
             max_multiget_keys=max_multiget_keys,
@@ -329,54 +298,45 @@ def serve(
         ),
         max_http_exports=max_http_exports,
     )
-    try:
-        from dataclasses import replace
+    from dataclasses import replace
 
-        from pool.admission import AdmissionConfig
-        from pool.auth import TlsConfig, TokenTable
+    from pool.admission import AdmissionConfig
+    from pool.auth import TlsConfig, TokenTable
 
-        if bool(tls_cert) != bool(tls_key):
-            raise InvalidArgumentError("--tls-cert and --tls-key go together")
-        if tls_client_ca and not tls_cert:
-            raise InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key")
-        config = replace(
-            config,
-            tls=TlsConfig.from_files(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
-            tokens=TokenTable.from_file(token_file) if token_file else None,
-            admission=AdmissionConfig(
-                max_calls=max_concurrent_rpcs, max_calls_per_token=max_rpcs_per_token or None, idle_s=call_idle_s, max_call_s=call_max_s
-            ),
-            max_concurrent_streams=max_concurrent_streams,
-            lifecycle=lifecycle_config(gc_min_age_s, compact_max_layers, compact_max_delta_mb),
-        )
-        server = PoolServer(config)
-        if create_bucket:
-            make = getattr(server.store, "create_bucket", None)
-            if make is None:
-                raise InvalidArgumentError(f"--create-bucket needs an s3:// store, not {store_uri}")
-            make()
-        server.start()
-    except ClinkError as exc:
-        fail(exc)
+    if bool(tls_cert) != bool(tls_key):
+        raise InvalidArgumentError("--tls-cert and --tls-key go together")
+    if tls_client_ca and not tls_cert:
+        raise InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key")
+    config = replace(
+        config,
+        tls=TlsConfig.from_files(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
+        tokens=TokenTable.from_file(token_file) if token_file else None,
+        admission=AdmissionConfig(
+            max_calls=max_concurrent_rpcs, max_calls_per_token=max_rpcs_per_token or None, idle_s=call_idle, max_call_s=call_max
+        ),
+        max_concurrent_streams=max_concurrent_streams,
+        lifecycle=lifecycle_config(gc_min_age, compact_max_layers, compact_max_delta_mb),
+    )
+    server = PoolServer(config)
+    if create_bucket:
+        make = getattr(server.store, "create_bucket", None)
+        if make is None:
+            raise InvalidArgumentError(f"--create-bucket needs an s3:// store, not {store_uri}")
+        make()
+    server.start()
     stop_on_signals(server, grace)
-    if output == "json":
-        click.echo(
-            json.dumps(
-                {
-                    "event": "serving",
-                    "address": server.address,
-                    "port": server.port,
-                    "metrics_port": server.metrics_port,
-                    "http_port": server.http_port,
-                    "store": server.store.uri,
-                }
-            )
-        )
-    else:
-        scheme = "https" if config.tls else "http"  # TLS covers the metrics and export ports too
-        metrics = f", metrics {scheme}://{metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
-        metrics += f", state export {scheme}://{metrics_host}:{server.http_port}/jobs/JOB/state.arrow" if server.http_port else ""
-        click.echo(f"clink-pool: serving on {server.address} (store {server.store.uri}{metrics})")
+    scheme = "https" if config.tls else "http"  # TLS covers the metrics and export ports too
+    metrics = f", metrics {scheme}://{metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
+    metrics += f", state export {scheme}://{metrics_host}:{server.http_port}/jobs/JOB/state.arrow" if server.http_port else ""
+    ready = {
+        "event": "serving",
+        "address": server.address,
+        "port": server.port,
+        "metrics_port": server.metrics_port,
+        "http_port": server.http_port,
+        "store": server.store.uri,
+    }
+    output.event(ready, f"clink-pool: serving on {server.address} (store {server.store.uri}{metrics})")
     sys.stdout.flush()
     started = time.monotonic()
     while not server.wait(timeout=1.0):
@@ -396,9 +356,9 @@ def lifecycle_config(gc_min_age_s: float | None = None, compact_max_layers: int 
     return LifecycleConfig(**{name: value for name, value in given.items() if value is not None})
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
-    cli(prog_name="clink-pool")
+    cli.main(args=argv, prog_name="clink-pool")
 
 
 if __name__ == "__main__":

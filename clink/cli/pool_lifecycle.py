@@ -2,107 +2,24 @@
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
 import click
 
-from clink.cli.pool import fail
-from snapshot.errors import ClinkError, InvalidArgumentError
-
-_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)$")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+from clink.cli.common import DURATION, output_of, progress_callback
+from clink.cli.pool import open_store_of
+from snapshot.errors import InvalidArgumentError
 
 
-def parse_duration(text: str) -> float:
-    """'90', '90s', '15m', '2h', '7d' as seconds; InvalidArgumentError naming the text otherwise."""
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise InvalidArgumentError(f"duration {text!r} must be a number with an optional unit s, m, h or d (e.g. 90s, 15m, 2h)")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
-
-
-def _open(uri: str, endpoint: str | None, region: str | None):
-    from store.objects import StoreConfig, open_store
-
-    config = StoreConfig(
-        endpoint_url=endpoint,
-        region=region,
-        access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or None,
-        secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or None,
-    )
-    return open_store(uri, config)
-
-
-def store_options(fn: Callable) -> Callable:
-    """--store, S3 endpoint/region and --output, shared by every lifecycle command."""
-    fn = click.option(
-        "--output",
-        "-o",
-        type=click.Choice(["text", "json"]),
-        default="text",
-        show_default=True,
-        help="text for people, json (one object on stdout) for scripts.",
-    )(fn)
-    fn = click.option("--s3-region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], default=None, help="S3 region. Env: AWS_REGION.")(fn)
-    fn = click.option(
-        "--s3-endpoint-url",
-        envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],
-        default=None,
-        help="S3 endpoint (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL.",
-    )(fn)
-    fn = click.option(
-        "--store",
-        "store_uri",
-        required=True,
-        envvar="CLINK_POOL_STORE",
-        help="The pool's store: file://DIR or s3://BUCKET/PREFIX. Env: CLINK_POOL_STORE.",
-    )(fn)
-    return fn
-
-
-def _lifecycle(store_uri: str, endpoint: str | None, region: str | None, **config: Any):
+def _lifecycle(ctx: click.Context, **config: Any):
     from pool.lifecycle import Lifecycle, LifecycleConfig
 
-    return Lifecycle(_open(store_uri, endpoint, region), LifecycleConfig(**config))
+    return Lifecycle(open_store_of(ctx), LifecycleConfig(**config))
 
 
-def _emit(output: str, doc: dict, text: str) -> None:
-    click.echo(json.dumps(doc, sort_keys=True) if output == "json" else text)
-
-
-@contextmanager
-def _progress(label: str, enabled: bool) -> Iterator[Callable[[int, int], None]]:
-    """A rich progress bar on stderr when it is a terminal; a no-op callback otherwise."""
-    if not enabled or not sys.stderr.isatty():
-        yield lambda done, total: None
-        return
-    from rich.console import Console
-    from rich.progress import Progress
-
-    with Progress(console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(label, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
-
-
-def _guard(fn: Callable) -> Callable:
-    """Domain errors become one line on stderr and the documented exit code."""
-    import functools
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except ClinkError as exc:
-            fail(exc)
-
-    return run
+def _emit(ctx: click.Context, doc: dict, text: str) -> None:
+    output_of(ctx).result(doc, text)
 
 
 def _mb(n: int) -> str:
@@ -114,17 +31,13 @@ def _mb(n: int) -> str:
 @click.argument("name")
 @click.option("--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="Checkpoint to save; 0 = latest complete.")
 @click.option("--target-store", default=None, help="Write the savepoint into another store (archival bucket, local dir). Default: --store.")
-@store_options
-@_guard
+@click.pass_context
 def savepoint_cmd(
+    ctx: click.Context,
     job: str,
     name: str,
     checkpoint: int,
     target_store: str | None,
-    store_uri: str,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    output: str,
 ) -> None:
     """Write savepoints/NAME/ from a checkpoint of JOB: self-contained, relocatable, one folded base file.
 
@@ -134,11 +47,11 @@ def savepoint_cmd(
       clink-pool savepoint --store s3://bkt/pool orders release-7
       clink-pool savepoint --store s3://bkt/pool orders nightly -c 42 --target-store file:///archive
     """
-    life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
-    target = _open(target_store, s3_endpoint_url, s3_region) if target_store else None
+    life = _lifecycle(ctx)
+    target = open_store_of(ctx, target_store) if target_store else None
     info = life.savepoint(job, checkpoint, name, target)
     _emit(
-        output,
+        ctx,
         asdict(info),
         f"savepoint {info.name!r}: checkpoint {info.checkpoint_id} of {info.job}, {info.rows} rows, "
         f"{info.files} file(s), {_mb(info.bytes)} in {info.store_uri}/savepoints/{info.name}",
@@ -153,20 +66,18 @@ def savepoint_cmd(
     "--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="With --from-job: checkpoint id, 0 = latest."
 )
 @click.option("--source-store", default=None, help="Store holding the source (savepoint or job). Default: --store.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on a terminal.")
-@store_options
-@_guard
+@click.option(
+    "--progress/--no-progress", "show_progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal)."
+)
+@click.pass_context
 def restore_cmd(
+    ctx: click.Context,
     new_job: str,
     savepoint: str | None,
     source_job: str | None,
     checkpoint: int,
     source_store: str | None,
-    progress: bool,
-    store_uri: str,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    output: str,
+    show_progress: bool | None,
 ) -> None:
     """Create NEW_JOB's checkpoint 1 from a savepoint or another job's checkpoint (files copied, checksums verified).
 
@@ -176,9 +87,9 @@ def restore_cmd(
       clink-pool restore --store file:///pool orders-v2 --from-savepoint nightly --source-store file:///archive
       clink-pool restore --store s3://bkt/pool orders-replay --from-job orders -c 40
     """
-    life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
-    source = _open(source_store, s3_endpoint_url, s3_region) if source_store else None
-    with _progress("copying data files", progress) as step:
+    life = _lifecycle(ctx)
+    source = open_store_of(ctx, source_store) if source_store else None
+    with progress_callback("copying data files", show_progress) as step:
         m = life.restore_job(new_job, savepoint=savepoint, job=source_job, checkpoint_id=checkpoint, source_store=source, progress=step)
     if savepoint:  # say whose state it is: a savepoint's name alone does not tell which job it came from
         _, src, _ = life.open_savepoint(savepoint, source)
@@ -194,7 +105,7 @@ def restore_cmd(
         "source": origin,
         "source_job": source_job,
     }
-    _emit(output, doc, f"restored {origin} as checkpoint 1 of {m.job}: {len(m.files)} file(s), {_mb(m.total_bytes)}")
+    _emit(ctx, doc, f"restored {origin} as checkpoint 1 of {m.job}: {len(m.files)} file(s), {_mb(m.total_bytes)}")
 
 
 @click.command("compact")
@@ -207,28 +118,24 @@ def restore_cmd(
     "--max-delta-mb", type=click.IntRange(0), default=256, show_default=True, help="... or whose delta layers hold more MB than this."
 )
 @click.option("--force", is_flag=True, help="Fold every part with more than one layer, whatever the thresholds.")
-@store_options
-@_guard
+@click.pass_context
 def compact_cmd(
+    ctx: click.Context,
     job: str,
     checkpoint: int,
     max_layers: int,
     max_delta_mb: int,
     force: bool,
-    store_uri: str,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    output: str,
 ) -> None:
     """Fold the layers of a checkpoint's parts over the thresholds into one base file each.
 
     \b
-    The manifest is replaced by compare-and-swap (a concurrent change makes it exit 1, changing nothing); every
+    The manifest is replaced by compare-and-swap (a concurrent change makes it exit 4, changing nothing); every
     read answers the same before and after, and later checkpoints build on the base.
       clink-pool compact --store s3://bkt/pool orders
       clink-pool compact --store s3://bkt/pool orders -c 42 --force -o json
     """
-    life = _lifecycle(store_uri, s3_endpoint_url, s3_region, compact_max_layers=max_layers, compact_max_delta_bytes=max_delta_mb << 20)
+    life = _lifecycle(ctx, compact_max_layers=max_layers, compact_max_delta_bytes=max_delta_mb << 20)
     res = life.compact(job, checkpoint, force)
     doc = asdict(res)
     doc["folded"] = [{"kg_lo": lo, "kg_hi": hi, "layers_before": n} for lo, hi, n in res.folded]
@@ -237,13 +144,17 @@ def compact_cmd(
     else:
         ranges = ", ".join(f"{lo}-{hi} ({n} layers)" for lo, hi, n in res.folded)
         text = f"checkpoint {res.checkpoint_id} of {job}: folded {ranges} into {res.files_written} base file(s), {_mb(res.bytes_written)}"
-    _emit(output, doc, text)
+    _emit(ctx, doc, text)
 
 
 @click.command("gc")
 @click.option("--job", default=None, help="Only this job (default: every job and savepoint in the store).")
 @click.option(
-    "--min-age", default="1h", show_default=True, help="Only delete files older than this (90s, 15m, 2h, 7d): commits in flight are safe."
+    "--min-age",
+    type=DURATION,
+    default="1h",
+    show_default=True,
+    help="Only delete files older than this (90s, 15m, 2h, 7d): commits in flight are safe.",
 )
 @click.option(
     "--keep-last",
@@ -252,19 +163,17 @@ def compact_cmd(
     help="First apply retention: keep the newest K complete checkpoints of each job (pins hold others).",
 )
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on a terminal.")
-@store_options
-@_guard
+@click.option(
+    "--progress/--no-progress", "show_progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal)."
+)
+@click.pass_context
 def gc_cmd(
+    ctx: click.Context,
     job: str | None,
-    min_age: str,
+    min_age: float,
     keep_last: int | None,
     dry_run: bool,
-    progress: bool,
-    store_uri: str,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    output: str,
+    show_progress: bool | None,
 ) -> None:
     """Delete data files no retained manifest, staged part or savepoint names, older than --min-age.
 
@@ -273,12 +182,12 @@ def gc_cmd(
       clink-pool gc --store s3://bkt/pool --dry-run
       clink-pool gc --store s3://bkt/pool --keep-last 3 --min-age 2h -o json
     """
-    life = _lifecycle(store_uri, s3_endpoint_url, s3_region, gc_min_age_s=parse_duration(min_age), retain_last=keep_last or 3)
+    life = _lifecycle(ctx, gc_min_age_s=min_age, retain_last=keep_last or 3)
     retained = []
     if keep_last is not None:
         jobs = [job] if job else life.store.list_prefixes("jobs/")
         retained = [asdict(life.retain(j, keep_last, dry_run)) for j in jobs]
-    with _progress("deleting unreferenced files", progress and not dry_run) as step:
+    with progress_callback("deleting unreferenced files", show_progress and not dry_run) as step:
         res = life.gc(job, dry_run, progress=step)
     doc = {**asdict(res), "retention": retained}
     verb = "would delete" if dry_run else "deleted"
@@ -293,26 +202,25 @@ def gc_cmd(
     lines += [f"  {key}" for key in res.deleted] if dry_run else []
     lines.append(
         f"gc {res.scope}: {verb} {len(res.deleted)} object(s), {_mb(res.deleted_bytes)}; {res.listed_objects} listed, "
-        f"{res.referenced} referenced, {res.too_young} younger than {min_age}"
+        f"{res.referenced} referenced, {res.too_young} younger than {min_age:g}s"
     )
-    _emit(output, doc, "\n".join(lines))
+    _emit(ctx, doc, "\n".join(lines))
 
 
 @click.command("pin")
 @click.argument("job")
 @click.argument("checkpoint", type=click.IntRange(0))
 @click.argument("holder")
-@click.option("--ttl", default="1h", show_default=True, help="How long the pin holds (renew by pinning again): 90s, 15m, 2h, 7d.")
-@store_options
-@_guard
-def pin_cmd(
-    job: str, checkpoint: int, holder: str, ttl: str, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str
-) -> None:
+@click.option(
+    "--ttl", type=DURATION, default="1h", show_default=True, help="How long the pin holds (renew by pinning again): 90s, 15m, 2h, 7d."
+)
+@click.pass_context
+def pin_cmd(ctx: click.Context, job: str, checkpoint: int, holder: str, ttl: float) -> None:
     """Keep CHECKPOINT of JOB (0 = latest) from retention while HOLDER reads it, until the TTL runs out."""
-    life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
-    pinned, expires = life.pin(job, checkpoint, holder, parse_duration(ttl))
+    life = _lifecycle(ctx)
+    pinned, expires = life.pin(job, checkpoint, holder, ttl)
     _emit(
-        output,
+        ctx,
         {"job": job, "checkpoint_id": pinned, "holder": holder, "expires_at_ms": expires},
         f"pinned checkpoint {pinned} of {job} for {holder} until {expires} ms",
     )
@@ -322,15 +230,12 @@ def pin_cmd(
 @click.argument("job")
 @click.argument("checkpoint", type=click.IntRange(1))
 @click.argument("holder")
-@store_options
-@_guard
-def unpin_cmd(
-    job: str, checkpoint: int, holder: str, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str
-) -> None:
+@click.pass_context
+def unpin_cmd(ctx: click.Context, job: str, checkpoint: int, holder: str) -> None:
     """Drop HOLDER's pin on CHECKPOINT of JOB (no error if there is none)."""
-    _lifecycle(store_uri, s3_endpoint_url, s3_region).unpin(job, checkpoint, holder)
+    _lifecycle(ctx).unpin(job, checkpoint, holder)
     _emit(
-        output,
+        ctx,
         {"job": job, "checkpoint_id": checkpoint, "holder": holder, "unpinned": True},
         f"unpinned checkpoint {checkpoint} of {job} for {holder}",
     )
@@ -338,20 +243,19 @@ def unpin_cmd(
 
 @click.command("ls")
 @click.argument("job", required=False)
-@store_options
-@_guard
-def ls_cmd(job: str | None, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str) -> None:
+@click.pass_context
+def ls_cmd(ctx: click.Context, job: str | None) -> None:
     """Without JOB: the jobs and savepoints in the store. With JOB: its checkpoints (layers, files, bytes) and pins.
 
     \b
       clink-pool ls --store s3://bkt/pool
       clink-pool ls --store s3://bkt/pool orders -o json
     """
-    life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
+    life = _lifecycle(ctx)
     if job is None:
         doc = {"jobs": life.store.list_prefixes("jobs/"), "savepoints": life.list_savepoints()}
         text = "\n".join([f"job       {j}" for j in doc["jobs"]] + [f"savepoint {s}" for s in doc["savepoints"]]) or "(empty store)"
-        _emit(output, doc, text)
+        _emit(ctx, doc, text)
         return
     doc = life.describe_job(job)
     lines = [f"{'chk':>6} {'state':<10} {'parts':>5} {'layers':>6} {'files':>5} {'bytes':>12}"]
@@ -369,18 +273,15 @@ def ls_cmd(job: str | None, store_uri: str, s3_endpoint_url: str | None, s3_regi
             f"pin: checkpoint {p['checkpoint_id']} held by {p['holder']} until {p['expires_at_ms']} ms{' (expired)' if p['expired'] else ''}"
         )
     lines.append(f"{doc['data_files']} data file(s), {_mb(doc['data_bytes'])} under jobs/{job}/data/")
-    _emit(output, doc, "\n".join(lines))
+    _emit(ctx, doc, "\n".join(lines))
 
 
 @click.command("inspect")
 @click.argument("job", required=False)
 @click.option("--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="Checkpoint id; 0 = latest complete.")
 @click.option("--savepoint", default=None, help="Inspect savepoints/NAME instead of a job's checkpoint.")
-@store_options
-@_guard
-def inspect_cmd(
-    job: str | None, checkpoint: int, savepoint: str | None, store_uri: str, s3_endpoint_url: str | None, s3_region: str | None, output: str
-) -> None:
+@click.pass_context
+def inspect_cmd(ctx: click.Context, job: str | None, checkpoint: int, savepoint: str | None) -> None:
     """A checkpoint's or savepoint's manifest: parts, their layers (oldest first), every file with kind, rows, size, segments.
 
     \b
@@ -391,14 +292,14 @@ def inspect_cmd(
 
     if (job is None) == (savepoint is None):
         raise InvalidArgumentError("inspect needs a JOB or --savepoint NAME (not both)")
-    life = _lifecycle(store_uri, s3_endpoint_url, s3_region)
+    life = _lifecycle(ctx)
     _, m, folder = life.open_savepoint(savepoint) if savepoint else life.open_checkpoint(job, checkpoint)
     doc = {**manifest_summary(m), "folder": folder}
     lines = [
         f"{folder}: checkpoint {m.checkpoint_id} of {m.job} (parent {m.parent_id}), {len(m.files)} file(s), {_mb(m.total_bytes)}, "
         f"{m.total_rows} rows stored"
     ]
-    lines += [f"operator {o:#018x} {u or '(no uid)'}" for o, u in m.operators]
+    lines += [f"operator {o} {u or '(no uid)'}" for o, u in m.operators]
     files = {f["path"]: f for f in doc["file_entries"]}
     for p in doc["parts"]:
         lines.append(f"part {p['kg_lo']}-{p['kg_hi']} epoch {p['epoch']}: {p['layers']} layer(s), {_mb(p['bytes'])}")
@@ -408,7 +309,7 @@ def inspect_cmd(
                 lines.append(
                     f"  [{i}] {f['kind']:<5} {path}  kg {f['kg_lo']}-{f['kg_hi']}, {f['rows']} rows, {f['size']} bytes, {f['segments']} segment(s)"
                 )
-    _emit(output, doc, "\n".join(lines))
+    _emit(ctx, doc, "\n".join(lines))
 
 
 COMMANDS = (savepoint_cmd, restore_cmd, compact_cmd, gc_cmd, pin_cmd, unpin_cmd, ls_cmd, inspect_cmd)

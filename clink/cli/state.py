@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,13 +13,23 @@ import click
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from snapshot import ClinkError, InvalidArgumentError, NotFoundError, SnapshotArrowWriter
-
-# exit codes scripts can rely on
-EXIT_OK = 0
-EXIT_VERDICT = 1  # the command ran and the answer is "no": states differ, a check failed, the demo failed
-EXIT_ERROR = 2  # bad usage or the command could not run (unreadable source, corrupt data, unreachable pool)
-EXIT_INTERRUPTED = 130
+from clink.cli.common import (
+    EXIT_HELP,
+    EXIT_NEGATIVE,
+    EXIT_OK,
+    OUTPUT_OPTION,
+    POSITIVE_DURATION,
+    S3_OPTIONS,
+    CommandLine,
+    apply,
+    dumps,
+    one_line,
+    output_of,
+    progress,
+    shared_option,
+    shared_value,
+)
+from snapshot import InvalidArgumentError, NotFoundError, SnapshotArrowWriter
 
 SOURCES_HELP = """\b
 SRC may be:
@@ -30,10 +39,6 @@ SRC may be:
   file:///data/savepoints/NAME, s3://...       a savepoint
   grpc://HOST:PORT/JOB[/chk-N]                 a pool: its newest complete checkpoint, or checkpoint N
   http://HOST:PORT/jobs/JOB/state.arrow?...    a pool's HTTP export (clink-pool serve --http-port)"""
-
-EXIT_HELP = """\b
-Exit codes: 0 success, 1 a negative answer (states differ, a check failed), 2 an error (bad usage, unreadable
-source, corrupt data, unreachable pool); every error is one line on stderr."""
 
 
 def _stdout_console():
@@ -45,161 +50,70 @@ def _stdout_console():
     return Console(file=stream, width=None if interactive else 200, no_color=not interactive, highlight=False, soft_wrap=False)
 
 
-def _stderr_console(force_terminal: bool | None = None):
-    from rich.console import Console
-
-    return Console(file=sys.stderr, highlight=False, force_terminal=force_terminal)
-
-
-@contextmanager
-def _progress(enabled: bool | None) -> Iterator[Callable[..., object]]:
-    """A rich progress display on stderr (on by default when stderr is a terminal); yields add_task-like steps."""
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
-    # --progress draws even into a pipe (a log, a CI console); the default draws only on a terminal
-    console = _stderr_console(force_terminal=True if enabled else None)
-    show = console.is_terminal if enabled is None else enabled
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not show,
-    )
-    with progress:
-
-        def step(description: str, total: float | None = None) -> Callable[[float], None]:
-            task = progress.add_task(description, total=total)
-
-            def advance(amount: float = 1.0) -> None:
-                progress.advance(task, amount)
-
-            return advance
-
-        yield step
-
-
-# --- the group and its one error handler ------------------------------------------------------------------
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-class ClinkGroup(click.Group):
-    """A click group whose every failure ends as one line on stderr and an exit code from the table above."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: D102
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        code = _run(lambda: super(ClinkGroup, self).main(args, prog_name, complete_var, standalone_mode=False, **extra))
-        sys.exit(code)
-
-
-def _run(invoke: Callable[[], object]) -> int:
-    """Invoke the CLI and map every outcome to an exit code; errors become one line on stderr, never a traceback."""
-    err = sys.stderr
-    try:
-        rv = invoke()
-        return rv if isinstance(rv, int) else EXIT_OK
-    except click.exceptions.NoArgsIsHelpError as exc:
-        click.echo(exc.ctx.get_help(), file=sys.stdout)
-        return EXIT_OK
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.UsageError as exc:
-        where = exc.ctx.command_path if exc.ctx is not None else "clink"
-        click.echo(f"{where}: error: {_one_line(exc.format_message())} (see '{where} --help')", file=err)
-        return EXIT_ERROR
-    except click.ClickException as exc:
-        click.echo(f"clink: error: {_one_line(exc.format_message())}", file=err)
-        return EXIT_ERROR
-    except click.Abort:
-        click.echo("clink: interrupted", file=err)
-        return EXIT_INTERRUPTED
-    except KeyboardInterrupt:
-        click.echo("clink: interrupted", file=err)
-        return EXIT_INTERRUPTED
-    except ClinkError as exc:
-        click.echo(f"clink: error: {_one_line(str(exc))}", file=err)
-        return EXIT_ERROR
-    except BrokenPipeError:
-        # the reader went away (clink ... | head): not an error worth a message
-        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
-        return EXIT_OK
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, never a traceback
-        click.echo(f"clink: internal error: {type(exc).__name__}: {_one_line(str(exc))}", file=err)
-        return EXIT_ERROR
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     cli.main(args=argv, prog_name="clink")
 
 
+POOL_OPTIONS = (
+    shared_option("--pool-timeout", type=POSITIVE_DURATION, default=30.0, help="Deadline of each pool call (30s, 2m). Default: 30s."),
+    shared_option(
+        "--pool-token", envvar="CLINK_POOL_TOKEN", metavar="TOKEN", help="Bearer token for pools that require one. Env: CLINK_POOL_TOKEN."
+    ),
+    shared_option(
+        "--pool-ca-file",
+        envvar="CLINK_POOL_CA_FILE",
+        type=click.Path(dir_okay=False),
+        help="PEM roots: talk TLS to grpc:// pools, trusting these CAs. Env: CLINK_POOL_CA_FILE.",
+    ),
+    shared_option("--pool-tls-server-name", metavar="NAME", help="Expected TLS server name when it differs from the pool's host."),
+    shared_option(
+        "--pool-cert-file",
+        envvar="CLINK_POOL_CERT_FILE",
+        type=click.Path(dir_okay=False),
+        help="PEM client certificate for pools that require mutual TLS (with --pool-key-file). Env: CLINK_POOL_CERT_FILE.",
+    ),
+    shared_option(
+        "--pool-key-file",
+        envvar="CLINK_POOL_KEY_FILE",
+        type=click.Path(dir_okay=False),
+        help="PEM private key of --pool-cert-file. Env: CLINK_POOL_KEY_FILE.",
+    ),
+    shared_option(
+        "--insecure",
+        is_flag=True,
+        default=None,
+        help="Allow sending --pool-token without TLS to another machine (by default only loopback pools get it in plaintext).",
+    ),
+)
+
+# every command takes these before or after its name: `clink --s3-region R state-cat SRC` = `clink state-cat SRC --s3-region R`
+SOURCE_OPTIONS = (*S3_OPTIONS, *POOL_OPTIONS, OUTPUT_OPTION)
+
+
+class StateCommandLine(CommandLine):
+    """The clink group: its subcommands take the source options too."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:  # noqa: D102
+        apply(SOURCE_OPTIONS)(cmd)
+        super().add_command(cmd, name)
+
+
 @click.group(
-    cls=ClinkGroup,
+    "clink",
+    cls=StateCommandLine,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
     epilog=SOURCES_HELP + "\n\n" + EXIT_HELP,
 )
-@click.option(
-    "--s3-endpoint-url",
-    envvar="AWS_ENDPOINT_URL",
-    metavar="URL",
-    help="S3 endpoint for s3:// sources (MinIO, SeaweedFS, moto); default: AWS, or $AWS_ENDPOINT_URL.",
-)
-@click.option("--s3-region", envvar="AWS_DEFAULT_REGION", metavar="REGION", help="S3 region (default: $AWS_DEFAULT_REGION).")
-@click.option("--pool-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, help="Seconds per pool call.")
-@click.option(
-    "--pool-token", envvar="CLINK_POOL_TOKEN", metavar="TOKEN", help="Bearer token for pools that require one (default: $CLINK_POOL_TOKEN)."
-)
-@click.option(
-    "--pool-ca-file",
-    envvar="CLINK_POOL_CA_FILE",
-    type=click.Path(dir_okay=False),
-    help="PEM roots: talk TLS to grpc:// pools, trusting these CAs (default: $CLINK_POOL_CA_FILE).",
-)
-@click.option("--pool-tls-server-name", metavar="NAME", help="Expected TLS server name when it differs from the pool's host.")
-@click.option(
-    "--pool-cert-file",
-    envvar="CLINK_POOL_CERT_FILE",
-    type=click.Path(dir_okay=False),
-    help="PEM client certificate for pools that require mutual TLS (with --pool-key-file; default: $CLINK_POOL_CERT_FILE).",
-)
-@click.option(
-    "--pool-key-file",
-    envvar="CLINK_POOL_KEY_FILE",
-    type=click.Path(dir_okay=False),
-    help="PEM private key of --pool-cert-file (default: $CLINK_POOL_KEY_FILE).",
-)
-@click.option(
-    "--insecure",
-    is_flag=True,
-    default=False,
-    help="Allow sending --pool-token without TLS to another machine (by default only loopback pools get it in plaintext).",
-)
+@apply(SOURCE_OPTIONS)
 @click.version_option(package_name="clink-remote-state", prog_name="clink")
-@click.pass_context
-def cli(
-    ctx: click.Context,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    pool_timeout: float,
-    pool_token: str | None,
-    pool_ca_file: str | None,
-    pool_tls_server_name: str | None,
-    pool_cert_file: str | None,
-    pool_key_file: str | None,
-    insecure: bool,
-) -> None:
+def cli() -> None:
     """Inspect and move clink job state with tools you already know.
 
     \b
     Every command reads SRC the same way (see below) and decodes keys as
     [key group][slot]|[user key]; operator state has no key group.
+    Options before or after the command name mean the same.
     \b
       clink state-cat state.snap --limit 20
       clink state-export --from grpc://pool:7070/orders --out state.parquet --format parquet
@@ -207,29 +121,36 @@ def cli(
       clink state-diff chk-8.snap chk-9.snap
       clink check-savepoint file:///data/savepoints/v2 --expect-uid orders-agg
     """
+
+
+def source_config(ctx: click.Context):
+    """How this invocation reaches its sources, from the source options wherever they were given."""
     from clink.tools.sources import SourceConfig
 
-    def read_pem(path: str | None, flag: str) -> bytes | None:
+    def value(name: str, default=None):
+        return shared_value(ctx, name, default)
+
+    def read_pem(name: str, flag: str) -> bytes | None:
+        path = value(name)
         if not path:
             return None
         try:
             return Path(path).expanduser().read_bytes()
         except OSError as exc:
-            raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint=flag) from None
+            raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint=flag) from exc
 
-    roots = read_pem(pool_ca_file, "--pool-ca-file")
-    if bool(pool_cert_file) != bool(pool_key_file):
+    if bool(value("pool_cert_file")) != bool(value("pool_key_file")):
         raise click.BadParameter("--pool-cert-file and --pool-key-file go together", param_hint="--pool-cert-file")
-    ctx.obj = SourceConfig(
-        s3_endpoint_url=s3_endpoint_url or None,
-        s3_region=s3_region or None,
-        pool_timeout_s=pool_timeout,
-        pool_token=pool_token or None,
-        pool_tls_root_certificates=roots,
-        pool_tls_server_name=pool_tls_server_name or None,
-        pool_tls_client_cert=read_pem(pool_cert_file, "--pool-cert-file"),
-        pool_tls_client_key=read_pem(pool_key_file, "--pool-key-file"),
-        insecure=insecure,
+    return SourceConfig(
+        s3_endpoint_url=value("s3_endpoint_url"),
+        s3_region=value("s3_region"),
+        pool_timeout_s=value("pool_timeout", 30.0),
+        pool_token=value("pool_token"),
+        pool_tls_root_certificates=read_pem("pool_ca_file", "--pool-ca-file"),
+        pool_tls_server_name=value("pool_tls_server_name"),
+        pool_tls_client_cert=read_pem("pool_cert_file", "--pool-cert-file"),
+        pool_tls_client_key=read_pem("pool_key_file", "--pool-key-file"),
+        insecure=bool(value("insecure", False)),
     )
 
 
@@ -252,40 +173,23 @@ def _selection_options(fn):
     return fn
 
 
-def _output_option(fn):
-    return click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Output format.")(fn)
-
-
 def _selection(key_groups: str | None, ops: tuple[str, ...]):
     from clink.tools.sources import Selection, parse_key_groups, parse_op
 
     return Selection(parse_key_groups(key_groups) if key_groups else None, tuple(parse_op(o) for o in ops))
 
 
-def _load(ctx: click.Context, spec: str, key_groups: str | None = None, ops: tuple[str, ...] = (), progress: bool | None = None):
+def _load(ctx: click.Context, spec: str, key_groups: str | None = None, ops: tuple[str, ...] = (), show_progress: bool | None = None):
     from clink.tools.sources import load_source
 
     selection = _selection(key_groups, ops)
-    with _progress(progress) as step:
+    with progress(show_progress) as step:
         step(f"reading {spec}")
-        return load_source(spec, ctx.obj, selection)
-
-
-def _json_default(value: object) -> object:
-    from decimal import Decimal
-
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return "0x" + bytes(value).hex()
-    if isinstance(value, Decimal):
-        # DuckDB sums of BIGINT are HUGEINT, which Arrow hands over as decimal128(38, 0)
-        return int(value) if value == value.to_integral_value() else float(value)
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return str(value)
+        return load_source(spec, source_config(ctx), selection)
 
 
 def _echo_json(doc: object) -> None:
-    click.echo(json.dumps(doc, indent=2, default=_json_default, ensure_ascii=False))
+    click.echo(dumps(doc))
 
 
 def _op_label(op_id: int, operators: dict[int, str | None]) -> str:
@@ -316,9 +220,8 @@ UTF-8, else as 0x-hex; values likewise, cut to --width characters in text output
 @click.option("--slot", "slots", multiple=True, metavar="NAME", help="Only this slot (repeatable); legacy raw keys are slot <raw>.")
 @click.option("--width", type=click.IntRange(min=4), default=32, show_default=True, help="Characters of each value preview (text output).")
 @_selection_options
-@_output_option
 @click.pass_context
-def state_cat(ctx, src, limit, slots, width, key_groups, ops, output):
+def state_cat(ctx, src, limit, slots, width, key_groups, ops):
     """Show the entries of SRC as a readable table: operator, key group, slot, user key, value size and preview."""
     from clink.tools.projections import decode_keys, preview, render_bytes
 
@@ -350,7 +253,7 @@ def state_cat(ctx, src, limit, slots, width, key_groups, ops, output):
     key_text, _ = render_bytes(shown.column("user_key"))
     value_text, _ = render_bytes(shown.column("value_bytes"))
     sizes = pc.binary_length(shown.column("value_bytes"))
-    if output == "json":
+    if output_of(ctx).is_json:
         rows = shown.select(["op_id", "kind", "key_group", "slot"]).to_pylist()
         for row, key, raw_key, value, size, raw_value in zip(
             rows,
@@ -419,9 +322,8 @@ other value bytes changed. Exit code: 0 equal, 1 different, 2 error.
 @click.argument("b")
 @click.option("--limit", "-n", type=click.IntRange(min=0), default=20, show_default=True, help="Differing entries to list (0: all).")
 @_selection_options
-@_output_option
 @click.pass_context
-def state_diff(ctx, a, b, limit, key_groups, ops, output):
+def state_diff(ctx, a, b, limit, key_groups, ops):
     """Compare two states: added, removed and changed entries per operator and slot."""
     from clink.tools.state_diff import diff_tables, rendered_entries
 
@@ -431,7 +333,7 @@ def state_diff(ctx, a, b, limit, key_groups, ops, output):
     entries = rendered_entries(diff, None if limit == 0 else limit)
     counts = diff.counts()
     operators = {**source_a.operators, **{k: v for k, v in source_b.operators.items() if v}}
-    if output == "json":
+    if output_of(ctx).is_json:
         _echo_json(
             {
                 "a": source_a.label,
@@ -444,7 +346,7 @@ def state_diff(ctx, a, b, limit, key_groups, ops, output):
                 "entries": entries,
             }
         )
-        return EXIT_OK if diff.equal else EXIT_VERDICT
+        return EXIT_OK if diff.equal else EXIT_NEGATIVE
     console = _stdout_console()
     if diff.equal:
         console.print(f"equal: {diff.rows_a} entries in both")
@@ -475,7 +377,7 @@ def state_diff(ctx, a, b, limit, key_groups, ops, output):
                 _cut(e["value_b"]),
             )
         console.print(listing)
-    return EXIT_VERDICT
+    return EXIT_NEGATIVE
 
 
 def _cut(text: str | None, width: int = 40) -> str:
@@ -508,11 +410,10 @@ Examples:
 )
 @click.argument("src")
 @click.argument("sql")
-@click.option("--max-rows", type=click.IntRange(min=0), default=1000, show_default=True, help="Rows to print (0: all).")
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=1000, show_default=True, help="Rows to print (0: all).")
 @_selection_options
-@_output_option
 @click.pass_context
-def state_query(ctx, src, sql, max_rows, key_groups, ops, output):
+def state_query(ctx, src, sql, limit, key_groups, ops):
     """Run DuckDB SQL over SRC's query projection (table name: state)."""
     import duckdb
 
@@ -527,13 +428,13 @@ def state_query(ctx, src, sql, max_rows, key_groups, ops, output):
         # a statement without a result (CREATE, SET, ...) has no relation
         result = relation.to_arrow_table() if relation is not None else pa.table({})
     except duckdb.Error as exc:
-        raise InvalidArgumentError(f"query failed: {_one_line(str(exc))}") from None
+        raise InvalidArgumentError(f"query failed: {one_line(str(exc))}") from None
     finally:
         con.close()
     total = result.num_rows
-    shown = result if max_rows == 0 else result.slice(0, max_rows)
+    shown = result if limit == 0 else result.slice(0, limit)
     rows = shown.to_pylist()
-    if output == "json":
+    if output_of(ctx).is_json:
         _echo_json({"source": source.label, "columns": result.column_names, "total_rows": total, "rows": rows})
         return EXIT_OK
     from rich.table import Table
@@ -587,20 +488,19 @@ Exit code: 0 every check passed, 1 a check failed, 2 usage error or source not f
 @click.option(
     "--expect-uid", "expect_uids", multiple=True, metavar="UID", help="An operator uid that must be present (op_id = SHA-256 of the uid)."
 )
-@_output_option
 @click.pass_context
-def check_savepoint(ctx, src, expect_ops, expect_uids, output):
+def check_savepoint(ctx, src, expect_ops, expect_uids):
     """Check that SRC can be restored: format, versions, key layout, files, checksums and operators."""
     from clink.tools.savepoint_check import FAIL, PASS, WARN, check_source
     from clink.tools.sources import parse_op
 
     ops = [parse_op(o) for o in expect_ops]
-    with _progress(None) as step:
+    with progress(None) as step:
         step(f"checking {src}")
-        report = check_source(src, ctx.obj, ops, list(expect_uids))
-    if output == "json":
+        report = check_source(src, source_config(ctx), ops, list(expect_uids))
+    if output_of(ctx).is_json:
         _echo_json(report.as_dict())
-        return EXIT_OK if report.passed else EXIT_VERDICT
+        return EXIT_OK if report.passed else EXIT_NEGATIVE
     from rich.table import Table
 
     console = _stdout_console()
@@ -613,7 +513,7 @@ def check_savepoint(ctx, src, expect_ops, expect_uids, output):
     console.print(out)
     failed = sum(1 for f in report.findings if f.status == FAIL)
     console.print("PASS" if report.passed else f"FAIL: {failed} problem(s)")
-    return EXIT_OK if report.passed else EXIT_VERDICT
+    return EXIT_OK if report.passed else EXIT_NEGATIVE
 
 
 # --- state-export -----------------------------------------------------------------------------------------
@@ -673,8 +573,9 @@ Files are written to a temporary name and renamed into place: a failed export le
     default=False,
     help="Replace an existing --out file (keeping its mode) or symlink, or write into a device or FIFO; refused without it.",
 )
-@click.option("--progress/--no-progress", default=None, help="Progress bars on stderr (default: when stderr is a terminal).")
-@_output_option
+@click.option(
+    "--progress/--no-progress", "show_progress", default=None, help="Progress bars on stderr (default: when stderr is a terminal)."
+)
 @click.pass_context
 def state_export(
     ctx,
@@ -690,8 +591,7 @@ def state_export(
     if_exists,
     row_group_rows,
     force,
-    progress,
-    output,
+    show_progress,
 ):
     """Export SRC as an Arrow snapshot stream, a Parquet file or an Iceberg table."""
     fmt = fmt or _infer_format(dst, table_name)
@@ -710,9 +610,9 @@ def state_export(
 
     if dst and dst != "-":
         _check_out(dst, force)  # before the source is read: a refusal costs nothing
-    with _progress(progress) as step:
+    with progress(show_progress) as step:
         step(f"reading {src}")
-        source = load_source(src, ctx.obj, selection)
+        source = load_source(src, source_config(ctx), selection)
         rows = source.table.num_rows
         if fmt == "arrow":
             written = _export_arrow(source, dst, step, force)
@@ -723,7 +623,7 @@ def state_export(
         else:
             written, where = _export_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if_exists, step)
     summary = {"source": source.label, "format": fmt, "out": where, "rows": rows, "bytes": written}
-    if output == "json":
+    if output_of(ctx).is_json:
         if dst != "-":
             _echo_json(summary)
     else:
@@ -847,7 +747,7 @@ def demo(workdir):
         from clink.cli.demo import run_demo
     except ImportError:
         click.echo("clink: the demo is not available in this build (clink.cli.demo is missing)", err=True)
-        return EXIT_VERDICT
+        return EXIT_NEGATIVE
     code = run_demo(workdir=workdir, echo=click.echo)
     return int(code or 0)
 

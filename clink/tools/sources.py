@@ -25,7 +25,7 @@ from snapshot import (
     operator_id,
     read_snapshot,
 )
-from snapshot.errors import prefixed
+from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError, error_class_named, prefixed, rebuilt
 from snapshot.format import FORMAT_VERSION
 
 METADATA_FILE = "_metadata"
@@ -310,8 +310,17 @@ def load_source(spec: str, config: SourceConfig | None = None, selection: Select
     return _load_pool(ref, config, selection)
 
 
-# HTTP status of a pool's export to the domain error it stands for
-_HTTP_ERRORS = {400: InvalidArgumentError, 401: UnauthenticatedError, 403: PermissionDeniedError, 404: NotFoundError}
+# HTTP status of a pool's export to the domain error it stands for, when the X-Clink-Error header names no class known here
+ERROR_BY_HTTP_STATUS: dict[int, type[ClinkError]] = {
+    400: InvalidArgumentError,
+    401: UnauthenticatedError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    413: LimitExceededError,
+    502: CorruptDataError,
+    503: UnavailableError,
+}
 
 
 def is_loopback(host: str | None) -> bool:
@@ -353,7 +362,7 @@ def _opener(config: SourceConfig, context):
         def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
             old, new = _origin(req.full_url), _origin(newurl)
             if old[0] == "https" and new[0] != "https":
-                raise UnavailableError(f"{req.full_url}: redirected to {newurl}, from https down to {new[0]}; refused")
+                raise PermissionDeniedError(f"{req.full_url}: redirected to {newurl}, from https down to {new[0]}; refused")
             redirected = super().redirect_request(req, fp, code, msg, headers, newurl)
             if redirected is not None and new != old:  # another origin gets no token
                 for name in list(redirected.headers):
@@ -393,8 +402,8 @@ def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
             return resp.read()
     except urllib.error.HTTPError as exc:
         body = " ".join(exc.read(500).decode("utf-8", errors="replace").split())
-        error = _HTTP_ERRORS.get(exc.code, UnavailableError)
-        raise error(f"{ref.spec}: HTTP {exc.code}: {body or exc.reason}") from None
+        error = error_class_named(exc.headers.get("X-Clink-Error") or "") or ERROR_BY_HTTP_STATUS.get(exc.code, UnavailableError)
+        raise rebuilt(error, f"{ref.spec}: HTTP {exc.code}: {body or exc.reason}") from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UnavailableError(f"{ref.spec}: cannot fetch: {reason}") from None
