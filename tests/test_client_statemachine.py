@@ -33,8 +33,8 @@ LAYOUTS = {1: [(0, 127)], 2: TWO, 4: FOUR, 8: EIGHT}
 SMALL_CACHE = BackendConfig(cache_bytes=2_000, call_deadline_s=10)  # small enough that eviction happens
 
 
-def test_backend_state_machine_against_a_dict_model(pool_address: str) -> None:
-    address = pool_address
+def test_backend_state_machine_against_a_dict_model(memory_pool_address: str) -> None:
+    address = memory_pool_address
     fired: Counter[str] = Counter()
 
     class BackendMachine(RuleBasedStateMachine):

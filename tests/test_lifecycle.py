@@ -369,12 +369,15 @@ def test_gc_clears_an_interrupted_savepoint_and_keeps_complete_ones(s3_store):
 
 
 @pytest.mark.parametrize("seed", [11, 12])
-def test_randomized_commits_retention_compaction_savepoints_and_gc(s3_store, seed):
+def test_randomized_commits_retention_compaction_savepoints_and_gc(seed):
+    from store.memory import MemoryStore
+
+    store = MemoryStore()  # many steps: the store contract suite holds S3 to what this store does
     rng = random.Random(seed)
     clock = Clock()
-    core = PoolCore(s3_store)
+    core = PoolCore(store)
     config = LifecycleConfig(retain_last=3, compact_max_layers=4, gc_min_age_s=60)
-    life = Lifecycle(s3_store, config, clock=clock, on_manifest_replaced=lambda j, c: core.reader(j).forget(c))
+    life = Lifecycle(store, config, clock=clock, on_manifest_replaced=lambda j, c: core.reader(j).forget(c))
     epochs = [core.acquire_writer("j", kg)[0] for kg in HALVES]
     model: Model = {}
     models: dict[int, Model] = {}
@@ -399,32 +402,32 @@ def test_randomized_commits_retention_compaction_savepoints_and_gc(s3_store, see
         elif action == "savepoint":
             name = f"sp-{step}"
             life.savepoint("j", rng.choice(sorted(models)), name)
-            savepoints[name] = models[parse_manifest(s3_store.get(f"savepoints/{name}/_metadata"), name).checkpoint_id]
+            savepoints[name] = models[parse_manifest(store.get(f"savepoints/{name}/_metadata"), name).checkpoint_id]
         elif action == "pin":
             target = rng.choice(sorted(models))
             life.pin("j", target, f"r{step}", ttl_s=rng.choice([30, 3000]))
         elif action == "orphan":
-            s3_store.put(f"jobs/j/data/orphan-{step}.arrow", b"lost race")
+            store.put(f"jobs/j/data/orphan-{step}.arrow", b"lost race")
         else:
             clock.offset += rng.choice([0, 90])
-            s3_store.counters.reset()
+            store.counters.reset()
             life.gc(rng.choice(["j", None]))
-            assert s3_store.counters.requests["list"] == 1
+            assert store.counters.requests["list"] == 1
             # nothing referenced was deleted: every referenced file is still there
-            present = {o.key for o in s3_store.list("jobs/j/data/")}
-            assert referenced_keys(s3_store, "j") <= present
+            present = {o.key for o in store.list("jobs/j/data/")}
+            assert referenced_keys(store, "j") <= present
         counts[action] += 1
     clock.offset += 90
     life.gc()
-    present = {o.key for o in s3_store.list("jobs/j/data/")}
-    assert present == referenced_keys(s3_store, "j")  # every unreferenced file older than the minimum age is gone
-    listed = [c.checkpoint_id for c in PoolCore(s3_store).list_checkpoints("j")]
+    present = {o.key for o in store.list("jobs/j/data/")}
+    assert present == referenced_keys(store, "j")  # every unreferenced file older than the minimum age is gone
+    listed = [c.checkpoint_id for c in PoolCore(store).list_checkpoints("j")]
     assert listed == sorted(models)
     for c in listed:
-        assert scan_checkpoint(s3_store, "j", c) == models[c]
-        assert scan_checkpoint(s3_store, "j", c, (40, 80)) == in_range(models[c], 40, 80)
+        assert scan_checkpoint(store, "j", c) == models[c]
+        assert scan_checkpoint(store, "j", c, (40, 80)) == in_range(models[c], 40, 80)
     for name, expected in savepoints.items():
-        assert scan_savepoint(s3_store, name) == expected
+        assert scan_savepoint(store, name) == expected
     assert counts["commit"] >= 20 and counts["gc"] >= 3, counts
 
 

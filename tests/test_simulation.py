@@ -17,11 +17,11 @@ def _simulate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def test_seeds_run_clean_within_the_budget():
-    # at most about 50 s of seeds (CI's budget is 60 s); bench/simulate.py --seeds 10000 runs the long sweep
-    done = _simulate("--seeds", "400", "--jobs", "2", "--budget-s", "45", "--json", timeout=180)
+    # about 25 s of seeds on one core, beside the rest of the suite; bench/simulate.py --seeds 10000 runs the long sweep
+    done = _simulate("--seeds", "400", "--jobs", "1", "--budget-s", "25", "--json", timeout=180)
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert summary["failed"] == [] and summary["seeds"] >= 40, summary
+    assert summary["failed"] == [] and summary["seeds"] >= 25, summary  # about 80 seeds on an idle core
     totals = summary["totals"]
     # the run exercised what the invariants are about, not an idle store
     assert totals["complete_versions"] > 0 and totals["zombie_commits"] > 0 and totals["rescales"] > 0 and totals["gc_runs"] > 0

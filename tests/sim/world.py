@@ -9,6 +9,7 @@ behind. A failure raises SimViolation naming the seed and the step.
 
 from __future__ import annotations
 
+import functools
 import random
 import uuid
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from pool.domain import PoolConfig
 from pool.lifecycle import Lifecycle, LifecycleConfig
 from snapshot.errors import ClinkError, NotFoundError
 from store.checkpoint import CheckpointReader, SegmentCache
-from store.layout import parse_job_key
+from store.layout import parse_job_key as parse_job_key_uncached
 from store.manifest import parse_manifest
 from store.retry import RetryingStore, StoreRetryConfig
 from tests.sim.adapter import LocalPool, connect
@@ -36,6 +37,10 @@ OP_NAMES = [f"offset-{i}".encode() for i in range(5)]
 
 Key = tuple[int, bytes]  # (op_id, key_bytes)
 PartId = tuple[int, int, int, int]  # (checkpoint, kg_lo, kg_hi, epoch)
+
+
+# the checker parses every key at every step; a key's parse never changes
+parse_job_key = functools.lru_cache(maxsize=1 << 16)(parse_job_key_uncached)
 
 
 class SimViolation(AssertionError):
@@ -143,6 +148,9 @@ class World:
         self.actions: list[str] = []
         self.verified: set[tuple[str, str]] = set()  # (key, etag) of manifest versions already checked
         self.parsed: dict[tuple[str, str], object] = {}
+        # (key, etag) whose references were all present, with no object deleted since: checked again only after a delete
+        self.references_held: set[tuple[str, str]] = set()
+        self.present_at_last_check: set[str] = set()
         self.restores: list[tuple[int, int]] = []  # (base, epoch) of every restore that completed
         self.group_target: int | None = None  # the checkpoint a rescale or rewind in progress restores to
         self.restoring: list[Subtask] = []
@@ -320,7 +328,13 @@ class World:
         self.notice_fencing()
         objects = self._objects()
         present = set(objects)
+        if not self.present_at_last_check <= present:  # something was deleted: every manifest is checked again
+            self.references_held.clear()
+        self.present_at_last_check = present
         for key, (data, etag, _) in list(objects.items()):
+            if (key, etag) in self.references_held:
+                continue
+            self.references_held.add((key, etag))  # a failure below ends the run, so adding first is safe
             parsed = parse_job_key(key)
             if key.startswith("savepoints/") and key.endswith("/_metadata"):
                 m = self._parse(key, data, etag)
