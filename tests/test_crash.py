@@ -24,8 +24,8 @@ from tests.crash_fixtures import OP, REPO, Model, PoolProcess, apply, changelog,
 JOB = "crashy"
 SUCCESSOR_KEY = snapshot.encode_keyed_key("v", b"successor")
 HALVES = ((0, 63), (64, 127))
-ITERATIONS = 24
-ITERATIONS_MOTO = 10
+ITERATIONS = 16  # each kill costs a pool process start, about 1 s
+ITERATIONS_MOTO = 8
 ROWS = 3000  # per checkpoint; big enough that a commit takes tens of milliseconds, so kills land inside commits
 NO_RETRY = PoolClientConfig(retry=RetryPolicy(max_attempts=1), call_deadline_s=10, commit_deadline_s=20)
 
