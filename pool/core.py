@@ -37,10 +37,11 @@ from snapshot.errors import (
     UnavailableError,
     UnsupportedFormatVersionError,
 )
-from store.checkpoint import CheckpointReader, SegmentCache
+from store.checkpoint import CheckpointReader
 from store.layout import checkpoint_prefix, job_prefix, metadata_key, writers_key
 from store.manifest import Manifest
 from store.objects import ObjectStore
+from store.segment_cache import SegmentCache
 
 _U64 = (1 << 64) - 1
 

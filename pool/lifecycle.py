@@ -25,7 +25,7 @@ from snapshot.errors import (
     PermissionDeniedError,
     UnavailableError,
 )
-from store.checkpoint import CheckpointReader, SegmentCache
+from store.checkpoint import CheckpointReader
 from store.datafile import KIND_BASE, KIND_DELTA, DataFile, EncodedFile, encode_datafile, verify_file
 from store.layout import (
     GC_MARKER,
@@ -49,6 +49,7 @@ from store.local import TMP_DIR as FILE_STORE_TMP_DIR
 from store.local import FileStore
 from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, parse_manifest
 from store.objects import ObjectInfo, ObjectStore
+from store.segment_cache import SegmentCache
 from store.views import SavepointView
 from store.writers import WriterTable
 

@@ -25,6 +25,8 @@ __all__ = [
     "metadata_key",
     "parse_manifest",
     "part_key",
+    "ordered_file_paths",
+    "ordered_layers",
     "tiles",
     "writers_key",
 ]
@@ -322,3 +324,23 @@ def tiles(parts: list[Part] | tuple[Part, ...]) -> bool:
             return False
         expected = part.kg_hi + 1
     return expected == NUM_KEY_GROUPS
+
+
+def ordered_file_paths(paths: list[str], files: dict[str, DataFile]) -> list[str]:
+    """Paths oldest first by as_of (a base after a delta of the same checkpoint: it folds it); files without as_of first, as listed."""
+    legacy = [p for p in paths if files[p].as_of is None]
+    dated = sorted((files[p].as_of, files[p].kind == KIND_BASE, i, p) for i, p in enumerate(paths) if files[p].as_of is not None)
+    return legacy + [p for *_, p in dated]
+
+
+def ordered_layers(manifest: Manifest, part: Part) -> list[tuple[str, ...]]:
+    """A part's layers oldest first, ordered by the checkpoint each file's rows are as of, whatever order the part lists them.
+
+    Rescales join the layers of several parent parts, so list order is not time order; as_of is. Files without as_of
+    (written before it existed) keep their listed layers, before every file that has one.
+    """
+    if all(manifest.file(p).as_of is None for layer in part.layers for p in layer):
+        return list(part.layers)
+    legacy = [layer for layer in part.layers if all(manifest.file(p).as_of is None for p in layer)]
+    paths = [p for layer in part.layers for p in layer if manifest.file(p).as_of is not None]
+    return legacy + [(p,) for p in ordered_file_paths(paths, {p: manifest.file(p) for p in paths})]
