@@ -37,7 +37,7 @@ from store.assembly import (
 )
 from store.datafile import DataFile, Segment, decode_segment, verify_file, verify_segment
 from store.key_index import KeyIndex, hash_keys
-from store.layout import checkpoint_prefix, checkpoints_prefix, job_prefix, metadata_key, parse_job_key, writers_key
+from store.layout import checkpoint_prefix, checkpoints_prefix, job_file_key, metadata_key, parse_job_key, writers_key
 from store.manifest import Manifest, Part, ordered_layers, parse_manifest
 from store.objects import ObjectStore, coalesce_ranges
 from store.segment_cache import SegmentCache
@@ -207,7 +207,7 @@ class CheckpointReader:
             if table is None:
                 missing.append(i)
         if missing:
-            key = job_prefix(self.job) + entry.path
+            key = job_file_key(self.job, entry.path)
             wanted = [segments[i] for i in missing]
             blobs: list[pa.Buffer] = [pa.py_buffer(b"")] * len(wanted)
             if sum(s.length for s in wanted) * 10 >= entry.size * 9:  # (nearly) all of it: one GET, checked by sha256

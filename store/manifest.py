@@ -11,7 +11,7 @@ from typing import Any
 from snapshot import NUM_KEY_GROUPS, StateVersionMap
 from snapshot.errors import CorruptDataError, CorruptSnapshotError, InvalidArgumentError
 from store.datafile import ENCODING_FILE, ENCODING_STREAMS, KIND_BASE, KIND_DELTA, DataFile, Segment
-from store.layout import checkpoint_prefix, job_prefix, metadata_key, part_key, writers_key
+from store.layout import DATA_DIR, checkpoint_prefix, is_data_path, job_prefix, metadata_key, part_key, writers_key
 from store.objects import validate_key
 
 __all__ = [
@@ -204,8 +204,8 @@ class _Parser:
             validate_key(value)
         except InvalidArgumentError:
             raise self.fail(f"{where} = {value!r} is not a safe relative path") from None
-        if not value.startswith("data/"):
-            raise self.fail(f"{where} = {value!r} must lie under data/")
+        if not is_data_path(value):
+            raise self.fail(f"{where} = {value!r} must lie under {DATA_DIR}")
         return value
 
 
