@@ -22,6 +22,8 @@ __all__ = [
     "Part",
     "checkpoint_prefix",
     "job_prefix",
+    "manifest_extra_fields",
+    "manifest_json",
     "metadata_key",
     "parse_manifest",
     "part_key",
@@ -344,3 +346,21 @@ def ordered_layers(manifest: Manifest, part: Part) -> list[tuple[str, ...]]:
     legacy = [layer for layer in part.layers if all(manifest.file(p).as_of is None for p in layer)]
     paths = [p for layer in part.layers for p in layer if manifest.file(p).as_of is not None]
     return legacy + [(p,) for p in ordered_file_paths(paths, {p: manifest.file(p) for p in paths})]
+
+
+def manifest_extra_fields(raw: bytes) -> dict:
+    """Top-level fields a stored manifest carries beyond the manifest itself (restored_from, savepoint): kept on rewrite."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return {}
+    return {k: doc[k] for k in ("restored_from", "savepoint") if k in doc}
+
+
+def manifest_json(m: Manifest, extra: dict | None = None) -> bytes:
+    """The manifest's deterministic JSON, with optional extra top-level fields (readers ignore unknown fields)."""
+    if not extra:
+        return m.to_json()
+    doc = json.loads(m.to_json())
+    doc.update(extra)
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
