@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pool.servicer import encode_multi_get_response
+from pool.wire import encode_multi_get_response
 from protos import remote_pool_pb2 as pb
 from store.key_index import KeyIndex, hash_keys
 
