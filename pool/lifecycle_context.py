@@ -25,7 +25,7 @@ from store.views import SavepointView
 
 @dataclass(frozen=True)
 class LifecycleConfig:
-    """Retention depth, compaction thresholds and GC minimum age; passed to Lifecycle, read by no one else."""
+    """Retention depth, compaction thresholds, GC minimum age and the lifecycle's limits; passed to Lifecycle, read by its operations alone."""
 
     retain_last: int = 3
     compact_max_layers: int = 8
