@@ -185,6 +185,7 @@ def apply_layer(acc: pa.Table, tables: list[tuple[DataFile, pa.Table]], lo: int,
 
 
 def _is_in(column: pa.ChunkedArray | pa.Array, values: pa.Array) -> np.ndarray:
+    """Which rows of a column hold one of ``values``, as one numpy mask."""
     mask = pc.is_in(column, value_set=values)
     if isinstance(mask, pa.ChunkedArray):
         return np.concatenate([c.to_numpy(zero_copy_only=False) for c in mask.chunks]) if mask.num_chunks else np.zeros(0, dtype=bool)
@@ -192,6 +193,7 @@ def _is_in(column: pa.ChunkedArray | pa.Array, values: pa.Array) -> np.ndarray:
 
 
 def _and(mask: np.ndarray | None, other: np.ndarray) -> np.ndarray:
+    """Both masks (None keeps every row)."""
     return other if mask is None else mask & other
 
 
