@@ -23,8 +23,8 @@ from pool.core import PoolCore  # noqa: E402
 from pool.domain import FULL_RANGE, CommitRequest, PoolConfig  # noqa: E402
 from pool.lifecycle import Lifecycle, LifecycleConfig  # noqa: E402
 from snapshot import NUM_KEY_GROUPS, ROW_PUT, encode_operator_key, write_snapshot  # noqa: E402
-from store.checkpoint import SegmentCache  # noqa: E402
 from store.objects import StoreConfig, open_store  # noqa: E402
+from store.segment_cache import SegmentCache  # noqa: E402
 
 EIGHTH = (16, 16 + NUM_KEY_GROUPS // 8 - 1)
 TARGET_RATIO = 1.25  # x 1/8 of the bytes, plus a fixed overhead per file

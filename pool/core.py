@@ -37,10 +37,11 @@ from snapshot.errors import (
     UnavailableError,
     UnsupportedFormatVersionError,
 )
-from store.checkpoint import CheckpointReader, SegmentCache
-from store.layout import checkpoint_prefix, job_prefix, metadata_key, writers_key
+from store.checkpoint import CheckpointReader
+from store.layout import JOBS, checkpoint_prefix, job_prefix, metadata_key, writers_key
 from store.manifest import Manifest
 from store.objects import ObjectStore
+from store.segment_cache import SegmentCache
 
 _U64 = (1 << 64) - 1
 
@@ -411,7 +412,7 @@ class PoolCore:
 
     def list_jobs(self) -> list[str]:
         """Every job with anything under jobs/, sorted."""
-        return self.store.list_prefixes("jobs/")
+        return self.store.list_prefixes(JOBS)
 
     def list_checkpoints(self, job: str, include_incomplete: bool = False) -> list[CheckpointInfo]:
         """Checkpoints of a job, ascending, each complete one flagged when a rewind abandoned it; incomplete ones only when asked."""

@@ -38,10 +38,10 @@ from pool.domain import CheckpointInfo, CommitResult, KeyGroupRange, PoolConfig
 from pool.writers import Fencing, fenced_error
 from snapshot import StateVersionMap
 from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
-from store.checkpoint import CheckpointListing, CheckpointReader, ordered_file_paths
+from store.checkpoint import CheckpointListing, CheckpointReader
 from store.datafile import KIND_BASE, KIND_DELTA, DataFile, encode_datafile
-from store.layout import job_prefix, legacy_part_key, metadata_key, new_data_path, parse_job_key, part_key, parts_prefix
-from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, parse_manifest, tiles
+from store.layout import job_file_key, legacy_part_key, metadata_key, new_data_path, parse_job_key, part_key, parts_prefix
+from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, ordered_file_paths, parse_manifest, tiles
 from store.objects import ObjectStore
 from store.writers import WriterTable
 
@@ -212,7 +212,7 @@ class CommitProtocol:
             layers, files = carried_layers(source.manifest if source else None, kg)
             if encoded is not None:
                 path = new_data_path()
-                self.store.put_if_absent(job_prefix(job) + path, encoded.data)  # immutable, unreferenced until a part names it
+                self.store.put_if_absent(job_file_key(job, path), encoded.data)  # immutable, unreferenced until a part names it
                 written += len(encoded.data)
                 files[path] = encoded.entry(path, KIND_DELTA, kg.lo, kg.hi, cid)
                 layers.append((path,))

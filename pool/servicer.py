@@ -5,79 +5,36 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import grpc
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from pool.auth import WRITE, caller
 from pool.core import PoolCore
-from pool.domain import CheckpointInfo, CommitRequest, KeyGroupRange
 from pool.lifecycle import Lifecycle, LifecycleConfig
-from pool.streaming import length_delimited_field_1
+from pool.wire import (
+    checkpoint_info_to_pb,
+    commit_header_from_pb,
+    commit_request_from_pb,
+    commit_result_to_pb,
+    compaction_result_to_pb,
+    delta_chunks_from_pb,
+    encode_multi_get_response,
+    gc_result_to_pb,
+    length_delimited_field_1,
+    multi_get_keys_from_pb,
+    optional_key_group_range_from_pb,
+    required_key_group_range_from_pb,
+    savepoint_info_to_pb,
+)
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
 from snapshot.errors import InvalidArgumentError, LimitExceededError
-from store.layout import savepoint_prefix
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RemotePool"].full_name
-
-
-def _range(message: pb.KeyGroupRange) -> KeyGroupRange:
-    return KeyGroupRange(lo=message.lo, hi=message.hi)
-
-
-def _required_range(holder: object, what: str) -> KeyGroupRange:
-    if not holder.HasField("key_groups"):  # type: ignore[attr-defined]
-        raise InvalidArgumentError(f"{what}: key_groups is required (an inclusive range within 0..127)")
-    return _range(holder.key_groups)  # type: ignore[attr-defined]
-
-
-def _info(info: CheckpointInfo) -> pb.CheckpointInfo:
-    return pb.CheckpointInfo(
-        job=info.job,
-        checkpoint_id=info.checkpoint_id,
-        parent_id=info.parent_id,
-        complete=info.complete,
-        committed_ranges=[pb.KeyGroupRange(lo=r.lo, hi=r.hi) for r in info.committed_ranges],
-        created_at_ms=info.created_at_ms,
-        num_files=info.num_files,
-        total_bytes=info.total_bytes,
-        num_rows=info.num_rows,
-        operators=[pb.OperatorInfo(op_id=op_id, uid=uid or "") for op_id, uid in info.operators],
-        state_versions=info.state_versions,
-        manifest_etag=info.manifest_etag,
-        abandoned=info.abandoned,
-    )
 
 
 def _holder() -> str | None:
     """Whom the call's work counts against (the token's identity; None when the pool runs without tokens)."""
     grant = caller()
     return grant.identity if grant is not None else None
-
-
-def _commit_request(header: pb.CommitHeader) -> CommitRequest:
-    return CommitRequest(
-        job=header.job,
-        checkpoint_id=header.checkpoint_id,
-        parent_id=header.parent_id,
-        key_groups=_required_range(header, "CommitCheckpoint header"),
-        epoch=header.epoch,
-        state_versions=header.state_versions,
-        operators=tuple((op.op_id, op.uid) for op in header.operators),
-        attempt=header.attempt,
-    )
-
-
-def _delta_chunks(chunks: Iterator[pb.CommitChunk]) -> Iterator[bytes]:
-    """The delta bytes of the chunks after the header, handed on one by one (never gathered here)."""
-    for chunk in chunks:
-        part = chunk.WhichOneof("part")
-        if part == "delta":
-            if chunk.delta:
-                yield chunk.delta
-        elif part == "header":
-            raise InvalidArgumentError("CommitCheckpoint: a second header arrived; only the first message may be the header")
 
 
 class RemotePoolServicer(pb_grpc.RemotePoolServicer):
@@ -90,18 +47,13 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
 
     def AcquireWriter(self, request: pb.AcquireWriterRequest, context: grpc.ServicerContext) -> pb.AcquireWriterResponse:
         restore_from = request.restore_from if request.HasField("restore_from") else None
-        epoch, latest = self.core.acquire_writer(request.job, _required_range(request, "AcquireWriter"), restore_from)
+        epoch, latest = self.core.acquire_writer(request.job, required_key_group_range_from_pb(request, "AcquireWriter"), restore_from)
         return pb.AcquireWriterResponse(epoch=epoch, latest_checkpoint_id=latest)
 
     def CommitCheckpoint(self, request_iterator: Iterator[pb.CommitChunk], context: grpc.ServicerContext) -> pb.CommitCheckpointResponse:
-        first = next(request_iterator, None)
-        if first is None or first.WhichOneof("part") != "header":
-            got = "an empty stream" if first is None else f"a {first.WhichOneof('part') or 'empty'} chunk"
-            raise InvalidArgumentError(f"CommitCheckpoint: the first message must be the header, got {got}")
-        result = self.core.commit_checkpoint(_commit_request(first.header), _delta_chunks(request_iterator), holder=_holder())
-        return pb.CommitCheckpointResponse(
-            checkpoint=_info(result.checkpoint), bytes_written=result.bytes_written, repeated=result.repeated
-        )
+        header = commit_header_from_pb(next(request_iterator, None))
+        result = self.core.commit_checkpoint(commit_request_from_pb(header), delta_chunks_from_pb(request_iterator), holder=_holder())
+        return commit_result_to_pb(result)
 
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
         manifest, etag = self.core.resolve(request.job, request.checkpoint_id, request.manifest_etag or None)
@@ -110,17 +62,14 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
 
     def MultiGet(self, request: pb.MultiGetRequest, context: grpc.ServicerContext) -> bytes:
         self.core.check_multi_get_size(len(request.keys), None)  # before a Python object is made per key
-        keys = list(request.keys)
-        op_ids = np.array(request.op_ids, dtype=np.uint64)  # one C-level conversion, no Python int per key
-        if len(op_ids) == 1 and len(keys) > 1:
-            op_ids = np.full(len(keys), op_ids[0], dtype=np.uint64)  # the proto allows one op_id shared by every key
+        op_ids, keys = multi_get_keys_from_pb(request)
         manifest, etag = self.core.resolve(request.job, request.checkpoint_id, request.manifest_etag or None)
         found, values, checkpoint_id = self.core.multi_get_arrays(request.job, manifest.checkpoint_id, op_ids, keys, etag)
         # encoded from the arrays in bulk (see encode_multi_get_response): no Python bytes object per value
         return encode_multi_get_response(found, values, checkpoint_id, etag)
 
     def ScanCheckpoint(self, request: pb.ScanCheckpointRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
-        key_groups = _range(request.key_groups) if request.HasField("key_groups") else None
+        key_groups = optional_key_group_range_from_pb(request)
         # each chunk already encoded as a ScanChunk message: upb would otherwise copy every MiB twice (see add_to_server)
         chunks = self.core.scan(
             request.job,
@@ -139,11 +88,11 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
 
     def ListCheckpoints(self, request: pb.ListCheckpointsRequest, context: grpc.ServicerContext) -> pb.ListCheckpointsResponse:
         infos = self.core.list_checkpoints(request.job, include_incomplete=request.include_incomplete)
-        return pb.ListCheckpointsResponse(checkpoints=[_info(i) for i in infos])
+        return pb.ListCheckpointsResponse(checkpoints=[checkpoint_info_to_pb(i) for i in infos])
 
     def DescribeCheckpoint(self, request: pb.DescribeCheckpointRequest, context: grpc.ServicerContext) -> pb.DescribeCheckpointResponse:
         info, manifest_json = self.core.describe_checkpoint(request.job, request.checkpoint_id)
-        return pb.DescribeCheckpointResponse(checkpoint=_info(info), manifest_json=manifest_json)
+        return pb.DescribeCheckpointResponse(checkpoint=checkpoint_info_to_pb(info), manifest_json=manifest_json)
 
     def DeleteCheckpoint(self, request: pb.DeleteCheckpointRequest, context: grpc.ServicerContext) -> pb.DeleteCheckpointResponse:
         self.core.delete_checkpoint(request.job, request.checkpoint_id)
@@ -151,16 +100,7 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
 
     def Savepoint(self, request: pb.SavepointRequest, context: grpc.ServicerContext) -> pb.SavepointResponse:
         # under the job's own prefix: a job's token cannot create, squat or probe the names of another job's savepoints
-        info = self.lifecycle.savepoint(request.job, request.checkpoint_id, request.name, under_job=True)
-        # relative to the pool's store: the store's URI (bucket, prefix) is the operator's, not the caller's
-        return pb.SavepointResponse(
-            name=info.name,
-            checkpoint_id=info.checkpoint_id,
-            files=info.files,
-            bytes=info.bytes,
-            rows=info.rows,
-            location=savepoint_prefix(info.name),
-        )
+        return savepoint_info_to_pb(self.lifecycle.savepoint(request.job, request.checkpoint_id, request.name, under_job=True))
 
     def PinCheckpoint(self, request: pb.PinCheckpointRequest, context: grpc.ServicerContext) -> pb.PinCheckpointResponse:
         grant = caller()  # a pin belongs to the token that made it
@@ -181,96 +121,16 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         return pb.UnpinCheckpointResponse()
 
     def CompactCheckpoint(self, request: pb.CompactCheckpointRequest, context: grpc.ServicerContext) -> pb.CompactCheckpointResponse:
-        res = self.lifecycle.compact(request.job, request.checkpoint_id, request.force)
-        return pb.CompactCheckpointResponse(
-            checkpoint_id=res.checkpoint_id,
-            folded=[pb.KeyGroupRange(lo=lo, hi=hi) for lo, hi, _ in res.folded],
-            files_written=res.files_written,
-            bytes_written=res.bytes_written,
-        )
+        return compaction_result_to_pb(self.lifecycle.compact(request.job, request.checkpoint_id, request.force))
 
     def CollectGarbage(self, request: pb.CollectGarbageRequest, context: grpc.ServicerContext) -> pb.CollectGarbageResponse:
         if not request.job:
             raise InvalidArgumentError("CollectGarbage: job is required (a store-wide GC runs with `clink-pool gc`)")
-        res = self.lifecycle.gc(request.job, request.dry_run)
-        return pb.CollectGarbageResponse(
-            deleted=res.deleted,
-            deleted_bytes=res.deleted_bytes,
-            listed_objects=res.listed_objects,
-            referenced=res.referenced,
-            too_young=res.too_young,
-        )
+        return gc_result_to_pb(self.lifecycle.gc(request.job, request.dry_run))
 
 
 def _encoded(message: bytes) -> bytes:
     return message
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_VALUES_TAG = 0x12  # field 2 (values), wire type 2 (length-delimited)
-_MAX_RUNS = 16  # runs of equal value width encoded one 2-D block each; more go through one Arrow join
-
-
-def encode_multi_get_response(found: np.ndarray, values: pa.Array, checkpoint_id: int, manifest_etag: str = "") -> bytes:
-    """The wire bytes of MultiGetResponse(found, values, checkpoint_id, manifest_etag), built with numpy from the arrays.
-
-    Byte for byte what protobuf writes (fields in number order, found packed), without a bytes object per value.
-    """
-    n = len(values)
-    if len(found) != n:
-        raise ValueError(f"{len(found)} found flags for {n} values")
-    head = [b"\x0a" + _varint(n) + np.asarray(found, dtype=bool).astype(np.uint8).tobytes()] if n else []
-    tail = b"\x18" + _varint(checkpoint_id) if checkpoint_id else b""
-    if manifest_etag:
-        etag = manifest_etag.encode()
-        tail += b"\x22" + _varint(len(etag)) + etag  # field 4, length-delimited
-    if not n:
-        return b"".join(head) + tail
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=n + 1, offset=values.offset * 4)
-    raw = values.buffers()[2]
-    data = np.frombuffer(raw, dtype=np.uint8)[offsets[0] : offsets[-1]] if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
-    lens = np.diff(offsets)
-    cuts = np.flatnonzero(lens[1:] != lens[:-1]) + 1
-    if cuts.size <= _MAX_RUNS:  # a few runs of equal width (e.g. fixed-size values and some misses): strided 2-D copies
-        pieces = head[:]
-        bounds = [0, *cuts.tolist(), n]
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            width = int(lens[a])
-            prefix = np.frombuffer(bytes([_VALUES_TAG]) + _varint(width), dtype=np.uint8)
-            block = np.empty((b - a, prefix.size + width), dtype=np.uint8)
-            block[:, : prefix.size] = prefix
-            base = int(offsets[a] - offsets[0])
-            block[:, prefix.size :] = data[base : base + (b - a) * width].reshape(b - a, width)
-            pieces.append(block.tobytes())
-        pieces.append(tail)
-        return b"".join(pieces)
-    # mixed widths: one (tag, length varint) header per value, joined to the values by Arrow's element-wise concatenation
-    lens = lens.astype(np.int64)
-    varint_bytes = 1 + (lens >= 1 << 7).astype(np.int64) + (lens >= 1 << 14) + (lens >= 1 << 21) + (lens >= 1 << 28)
-    header_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(1 + varint_bytes, out=header_offsets[1:])
-    starts = header_offsets[:-1]
-    headers = np.empty(int(header_offsets[-1]), dtype=np.uint8)
-    headers[starts] = _VALUES_TAG
-    for k in range(5):  # the k-th byte of every length's varint
-        sel = np.flatnonzero(varint_bytes > k)
-        if not sel.size:
-            break
-        more = np.where(varint_bytes[sel] > k + 1, 0x80, 0)
-        headers[starts[sel] + 1 + k] = ((lens[sel] >> (7 * k)) & 0x7F) | more
-    header_array = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(header_offsets), pa.py_buffer(headers)])
-    joined = pc.binary_join_element_wise(header_array, values, b"")
-    joined_offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=n + 1, offset=joined.offset * 4)
-    out = np.frombuffer(joined.buffers()[2], dtype=np.uint8)[joined_offsets[0] : joined_offsets[-1]]
-    return b"".join([*head, out.tobytes(), tail])
 
 
 def _bounded(deserialize, core: PoolCore):

@@ -29,19 +29,6 @@ class _PieceSink:
         self.closed = True
 
 
-def length_delimited_field_1(size: int) -> bytes:
-    """Protobuf wire header of field 1 as bytes of ``size`` (tag 0x0A, then the varint length): a ScanChunk's data."""
-    out = bytearray(b"\x0a")
-    while True:
-        low = size & 0x7F
-        size >>= 7
-        if size:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
-
-
 def stream_chunks(
     writer: SnapshotArrowWriter, table: pa.Table, chunk_bytes: int, frame: Callable[[int], bytes] | None = None
 ) -> Iterator[bytes]:

@@ -1,14 +1,12 @@
-"""Reading checkpoints straight from a store: manifests, verified segment reads, layer overlay, point lookups."""
+"""Reading checkpoints straight from a store: listings, manifests, verified segment reads, layers merged, point lookups."""
 
 from __future__ import annotations
 
 import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,77 +14,36 @@ import pyarrow.compute as pc
 
 from snapshot import (
     CANONICAL_SCHEMA,
-    CHANGELOG_SCHEMA,
     NUM_KEY_GROUPS,
     ROW_ERASE,
-    ROW_MATERIALISATION,
-    ROW_PUT,
     check_key_group_range,
-    composite_keys,
     empty_table,
     filter_key_groups,
     leading_bytes,
     merge_tables,
     overlay,
-    replay_changelog,
 )
 from snapshot.errors import InvalidArgumentError, NotFoundError
-from store.datafile import KIND_BASE, DataFile, Segment, decode_segment, verify_file, verify_segment
-from store.layout import checkpoint_prefix, checkpoints_prefix, job_prefix, metadata_key, parse_job_key, writers_key
-from store.manifest import Manifest, Part, parse_manifest
+from store.assembly import (
+    Piece,
+    apply_layer,
+    as_puts,
+    assemble,
+    deltas_in_sequence,
+    live_piece,
+    merge_same_checkpoint,
+    overlay_pieces,
+    pieces_of_op_ids,
+)
+from store.datafile import DataFile, Segment, decode_segment, verify_file, verify_segment
+from store.key_index import KeyIndex, hash_keys
+from store.layout import checkpoint_prefix, checkpoints_prefix, job_file_key, metadata_key, parse_job_key, writers_key
+from store.manifest import Manifest, Part, ordered_layers, parse_manifest
 from store.objects import ObjectStore, coalesce_ranges
+from store.segment_cache import SegmentCache
 from store.writers import EMPTY_TABLE, WriterTable, parse_writers
 
 MANIFEST_CACHE_ENTRIES = 256
-
-
-class SegmentCache:
-    """A bounded LRU of decoded tables (segments, operator views), sized by Arrow buffer bytes; thread-safe."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.hits = 0
-        self.misses = 0
-        self._bytes = 0
-        self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> Any:
-        """The cached value, or None (counted as a miss)."""
-        with self._lock:
-            item = self._items.get(key)
-            if item is None:
-                self.misses += 1
-                return None
-            self._items.move_to_end(key)
-            self.hits += 1
-            return item[0]
-
-    def put(self, key: Hashable, table: Any, size: int | None = None) -> None:
-        """Insert, evicting least recently used entries beyond max_bytes (an oversized value is not kept)."""
-        size = table.get_total_buffer_size() if size is None else size
-        if size > self.max_bytes:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            self._items[key] = (table, size)
-            self._bytes += size
-            while self._bytes > self.max_bytes and self._items:
-                _, (_, evicted) = self._items.popitem(last=False)
-                self._bytes -= evicted
-
-    @property
-    def size_bytes(self) -> int:
-        """Bytes currently held."""
-        return self._bytes
-
-    def clear(self) -> None:
-        """Drop everything."""
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
 
 
 @dataclass(frozen=True)
@@ -100,344 +57,11 @@ class CheckpointListing:
     part_names: tuple[tuple[str, int, int, int | None], ...] = ()  # (key, kg_lo, kg_hi, epoch from the name)
 
 
-def ordered_file_paths(paths: list[str], files: dict[str, DataFile]) -> list[str]:
-    """Paths oldest first by as_of (a base after a delta of the same checkpoint: it folds it); files without as_of first, as listed."""
-    legacy = [p for p in paths if files[p].as_of is None]
-    dated = sorted((files[p].as_of, files[p].kind == KIND_BASE, i, p) for i, p in enumerate(paths) if files[p].as_of is not None)
-    return legacy + [p for *_, p in dated]
-
-
-def ordered_layers(manifest: Manifest, part: Part) -> list[tuple[str, ...]]:
-    """A part's layers oldest first, ordered by the checkpoint each file's rows are as of, whatever order the part lists them.
-
-    Rescales join the layers of several parent parts, so list order is not time order; as_of is. Files without as_of
-    (written before it existed) keep their listed layers, before every file that has one.
-    """
-    if all(manifest.file(p).as_of is None for layer in part.layers for p in layer):
-        return list(part.layers)
-    legacy = [layer for layer in part.layers if all(manifest.file(p).as_of is None for p in layer)]
-    paths = [p for layer in part.layers for p in layer if manifest.file(p).as_of is not None]
-    return legacy + [(p,) for p in ordered_file_paths(paths, {p: manifest.file(p) for p in paths})]
-
-
 def _check_range(key_groups: tuple[int, int] | None) -> tuple[int, int]:
     if key_groups is None:
         return 0, NUM_KEY_GROUPS - 1
     lo, hi = key_groups
     return check_key_group_range(lo, hi)
-
-
-def _as_puts(table: pa.Table) -> pa.Table:
-    """A canonical table as a changelog of puts."""
-    kinds = pa.array(np.ones(table.num_rows, dtype=np.uint8))
-    return pa.table(
-        {
-            "row_kind": kinds,
-            "op_id": table.column("op_id"),
-            "key_bytes": table.column("key_bytes"),
-            "value_bytes": table.column("value_bytes"),
-        }
-    )
-
-
-def _live(changelog: pa.Table) -> pa.Table:
-    """The put rows of a resolved changelog as canonical rows."""
-    erased = pc.equal(changelog.column("row_kind"), ROW_ERASE)
-    live = changelog.filter(pc.invert(erased)) if pc.any(erased).as_py() else changelog  # filtering copies: skip it when nothing is erased
-    return live.select(["op_id", "key_bytes", "value_bytes"]).cast(CANONICAL_SCHEMA)
-
-
-Piece = tuple[pa.Table, "np.ndarray | None"]  # canonical rows and which of them to keep (None: all)
-_ASSEMBLE_ROWS = 1 << 16  # rows filtered at a time while assembling, so no full-size temporary is ever made
-
-
-def _live_piece(changelog: pa.Table) -> Piece:
-    """The put rows of a resolved changelog, as a piece (no copy: erased rows are masked out)."""
-    table = changelog.select(["op_id", "key_bytes", "value_bytes"]).cast(CANONICAL_SCHEMA)
-    erased = pc.equal(changelog.column("row_kind"), ROW_ERASE)
-    if not pc.any(erased).as_py():
-        return table, None
-    return table, ~erased.to_numpy(zero_copy_only=False) if isinstance(erased, pa.Array) else ~np.concatenate(
-        [c.to_numpy(zero_copy_only=False) for c in erased.chunks]
-    )
-
-
-def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets as int64, data bytes) of a binary array, zero-copy views."""
-    n = len(arr)
-    offs = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
-    raw = arr.buffers()[2]
-    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
-    return offs, data
-
-
-def assemble(pieces: list[Piece]) -> pa.Table:
-    """The kept rows of several canonical tables as ONE contiguous chunk per column, copied once.
-
-    Filtering a table and then combining its chunks copies everything twice; here rows are filtered a slice at
-    a time straight into preallocated buffers, so the only full-size allocation is the result itself.
-    """
-    work: list[tuple[pa.RecordBatch, np.ndarray | None]] = []
-    for table, mask in pieces:
-        offset = 0
-        for batch in table.select(["op_id", "key_bytes", "value_bytes"]).to_batches(max_chunksize=_ASSEMBLE_ROWS):
-            m = None if mask is None else mask[offset : offset + batch.num_rows]
-            offset += batch.num_rows
-            if batch.num_rows and (m is None or m.any()):
-                work.append((batch, None if m is None or m.all() else m))
-    total = 0
-    byte_totals = [0, 0]
-    for batch, m in work:
-        total += batch.num_rows if m is None else int(m.sum())
-        for j in (0, 1):
-            offs, _ = _binary_parts(batch.column(j + 1))
-            byte_totals[j] += int(offs[-1] - offs[0]) if m is None else int(np.diff(offs)[m].sum())
-    if max(byte_totals) >= 2**31:  # too big for 32-bit offsets in one array: leave it to Arrow's own chunking
-        return pa.concat_tables([t.filter(pa.array(m)) if m is not None else t for t, m in pieces]).cast(CANONICAL_SCHEMA)
-    out_ops = np.empty(total, dtype=np.uint64)
-    out_offs = [np.zeros(total + 1, dtype=np.int32), np.zeros(total + 1, dtype=np.int32)]
-    out_data = [np.empty(byte_totals[0], dtype=np.uint8), np.empty(byte_totals[1], dtype=np.uint8)]
-    row, pos = 0, [0, 0]
-    for batch, m in work:
-        if m is not None:
-            batch = batch.filter(pa.array(m))  # one slice of at most _ASSEMBLE_ROWS rows
-        k = batch.num_rows
-        out_ops[row : row + k] = batch.column(0).to_numpy(zero_copy_only=False)
-        for j in (0, 1):
-            offs, data = _binary_parts(batch.column(j + 1))
-            size = int(offs[-1] - offs[0])
-            out_data[j][pos[j] : pos[j] + size] = data[offs[0] : offs[-1]]
-            out_offs[j][row : row + k + 1] = offs - offs[0] + pos[j]
-            pos[j] += size
-        row += k
-    keys = pa.Array.from_buffers(pa.binary(), total, [None, pa.py_buffer(out_offs[0]), pa.py_buffer(out_data[0])])
-    values = pa.Array.from_buffers(pa.binary(), total, [None, pa.py_buffer(out_offs[1]), pa.py_buffer(out_data[1])])
-    return pa.Table.from_arrays([pa.array(out_ops, pa.uint64()), keys, values], schema=CANONICAL_SCHEMA)
-
-
-def _same_checkpoint(changelogs: list[pa.Table]) -> pa.Table:
-    """Resolved changelogs of one checkpoint (one per subtask, lowest key groups first) as one: puts merged by the format's rule over every erase."""
-    if len(changelogs) <= 1:
-        return changelogs[0] if changelogs else empty_table(changelog=True)
-    erases = [t.filter(pc.equal(t.column("row_kind"), ROW_ERASE)).cast(CHANGELOG_SCHEMA) for t in changelogs]
-    puts = _as_puts(merge_tables([_live(t) for t in changelogs])).cast(CHANGELOG_SCHEMA)
-    return pa.concat_tables([*erases, puts])  # replay keeps the last row per key: a put in this checkpoint beats an erase
-
-
-def _overlay_pieces(pieces: list[Piece], changelog: pa.Table) -> list[Piece]:
-    """snapshot.overlay without copying: rows the changelog overwrites or erases are masked out, its puts appended."""
-    resolved = replay_changelog(changelog)
-    if resolved.num_rows == 0:
-        return pieces
-    r_keys = resolved.column("key_bytes").combine_chunks()
-    r_comp = composite_keys(resolved.column("op_id"), r_keys)
-    out: list[Piece] = []
-    for table, mask in pieces:
-        if table.num_rows == 0:
-            continue
-        cand = pc.is_in(table.column("key_bytes"), value_set=r_keys)  # one hash table for every chunk
-        cand_np = (
-            np.concatenate([c.to_numpy(zero_copy_only=False) for c in cand.chunks])
-            if isinstance(cand, pa.ChunkedArray)
-            else cand.to_numpy(zero_copy_only=False)
-        )
-        if mask is not None:
-            cand_np &= mask
-        idx = np.flatnonzero(cand_np)
-        if idx.size:
-            comps, start = [], 0
-            for batch in table.to_batches():  # take per chunk: a take across many chunks would concatenate them all
-                local = idx[(idx >= start) & (idx < start + batch.num_rows)] - start
-                if local.size:
-                    sub = batch.take(pa.array(local))
-                    comps.append(composite_keys(sub.column(0), sub.column(1)))
-                start += batch.num_rows
-            hit = pc.is_in(pa.concat_arrays(comps), value_set=r_comp).to_numpy(zero_copy_only=False)
-            if hit.any():
-                mask = np.ones(table.num_rows, dtype=bool) if mask is None else mask.copy()
-                mask[idx[hit]] = False
-        out.append((table, mask))
-    out.append(_live_piece(resolved))
-    return out
-
-
-def _is_in(column: pa.ChunkedArray | pa.Array, values: pa.Array) -> np.ndarray:
-    mask = pc.is_in(column, value_set=values)
-    if isinstance(mask, pa.ChunkedArray):
-        return np.concatenate([c.to_numpy(zero_copy_only=False) for c in mask.chunks]) if mask.num_chunks else np.zeros(0, dtype=bool)
-    return mask.to_numpy(zero_copy_only=False)
-
-
-def _and(mask: np.ndarray | None, other: np.ndarray) -> np.ndarray:
-    return other if mask is None else mask & other
-
-
-def _in_sequence(changelogs: list[pa.Table]) -> pa.Table:
-    """Several stored delta layers as one changelog in layer order; their materialisation rows become puts."""
-    if len(changelogs) == 1:
-        return changelogs[0]
-    table = pa.concat_tables(changelogs)
-    kinds = table.column("row_kind")
-    # replay puts materialisations first; inside a stored layer a materialisation is just that layer's value
-    return table.set_column(0, "row_kind", pc.if_else(pc.equal(kinds, ROW_MATERIALISATION), pa.scalar(ROW_PUT, pa.uint8()), kinds))
-
-
-_HASH_BLOCK = 1 << 16  # rows hashed at a time (bounds the per-byte temporaries)
-_HASH_SEED = 0x5EED
-_multipliers = np.random.default_rng(_HASH_SEED).integers(1, 2**63, size=256, dtype=np.uint64) | np.uint64(1)
-
-
-def _position_multipliers(length: int) -> np.ndarray:
-    """Odd 64-bit multipliers for byte positions 0..length-1 (grown on demand, always the same sequence)."""
-    global _multipliers
-    if length > len(_multipliers):
-        size = max(length, 2 * len(_multipliers))
-        _multipliers = np.random.default_rng(_HASH_SEED).integers(1, 2**63, size=size, dtype=np.uint64) | np.uint64(1)
-    return _multipliers
-
-
-def _mix64(h: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: spreads every input bit over the output."""
-    with np.errstate(over="ignore"):
-        h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return h ^ (h >> np.uint64(31))
-
-
-def hash_keys(op_ids: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A 64-bit hash of every (op_id, key) over all of the key's bytes; vectorised, in blocks of rows.
-
-    Each byte is multiplied by an odd constant of its position and the products summed per key (reduceat),
-    so keys that differ anywhere hash apart; equal hashes are still confirmed by comparing the keys.
-    """
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    n = len(keys)
-    out = np.empty(n, dtype=np.uint64)
-    if n == 0:
-        return out
-    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1, offset=keys.offset * 4).astype(np.int64)
-    raw = keys.buffers()[2]
-    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
-    ops = np.asarray(op_ids, dtype=np.uint64)
-    for b in range(0, n, _HASH_BLOCK):
-        stop = min(b + _HASH_BLOCK, n)
-        starts, ends = offsets[b:stop], offsets[b + 1 : stop + 1]
-        lens = ends - starts
-        total = int(ends[-1] - starts[0])
-        sums = np.zeros(stop - b, dtype=np.uint64)
-        width = int(lens[0])
-        if total and (lens == width).all():  # every key one width (the usual case): a 2-D product, no gather or reduceat
-            rows = data[starts[0] : ends[-1]].reshape(stop - b, width).astype(np.uint64)
-            sums = rows @ _position_multipliers(width)[:width]  # integer matmul wraps mod 2**64, like the sum below
-        elif total:
-            chunk = data[starts[0] : ends[-1]].astype(np.uint64)
-            position = np.arange(total, dtype=np.int64) - np.repeat(starts - starts[0], lens)
-            with np.errstate(over="ignore"):
-                products = chunk * _position_multipliers(int(lens.max()))[position]
-            nonempty = lens > 0
-            sums[nonempty] = np.add.reduceat(products, (starts - starts[0])[nonempty])
-        with np.errstate(over="ignore"):
-            h = sums ^ (lens.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
-            h ^= _mix64(ops[b:stop])
-        out[b:stop] = _mix64(h)
-    return out
-
-
-@dataclass(frozen=True)
-class KeyIndex:
-    """Rows of some segments in one contiguous table, with their (op_id, key) hashes sorted for np.searchsorted."""
-
-    table: pa.Table
-    hashes: np.ndarray
-    order: np.ndarray
-
-    @classmethod
-    def build(cls, table: pa.Table) -> KeyIndex:
-        """Hash every row once (vectorised) and sort the hashes."""
-        table = table.combine_chunks()
-        hashes = hash_keys(table.column("op_id").to_numpy(), table.column("key_bytes"))
-        order = np.argsort(hashes, kind="stable")
-        return cls(table, hashes[order], order)
-
-    @cached_property
-    def _keys(self) -> pa.Array:
-        return self.table.column("key_bytes").combine_chunks()
-
-    @cached_property
-    def _ops(self) -> np.ndarray:
-        return self.table.column("op_id").combine_chunks().to_numpy(zero_copy_only=False)
-
-    @cached_property
-    def values(self) -> pa.Array:
-        """The value column as one array (the table is contiguous, so no copy)."""
-        return self.table.column("value_bytes").combine_chunks()
-
-    @property
-    def _bucket_bits(self) -> int:
-        return min(max(1, int(len(self.hashes) - 1).bit_length()), 30)
-
-    @cached_property
-    def _bucket_starts(self) -> np.ndarray:
-        """Where each bucket (the top bits of a hash) starts in the sorted hashes, with n appended: ~1 hash per bucket."""
-        bits = self._bucket_bits
-        bounds = np.arange(1 << bits, dtype=np.uint64) << np.uint64(64 - bits)
-        return np.append(np.searchsorted(self.hashes, bounds, side="left"), len(self.hashes)).astype(
-            np.int32 if len(self.hashes) < 2**31 else np.int64
-        )
-
-    def _first_at_least(self, q_hashes: np.ndarray) -> np.ndarray:
-        """np.searchsorted(hashes, q, "left") in about two memory reads per query: the bucket's start, then a short walk.
-
-        A binary search's ~18 dependent reads per query dominate once the index is out of the CPU cache (as between RPCs).
-        """
-        starts = self._bucket_starts
-        bucket = (q_hashes >> np.uint64(64 - self._bucket_bits)).astype(np.intp)
-        slot = starts[bucket].astype(np.int64)
-        end = starts[bucket + 1]
-        cand = np.flatnonzero(slot < end)
-        cand = cand[self.hashes[slot[cand]] < q_hashes[cand]]
-        while cand.size:  # buckets hold ~1 hash: a few shrinking rounds
-            slot[cand] += 1
-            cand = cand[slot[cand] < end[cand]]
-            cand = cand[self.hashes[slot[cand]] < q_hashes[cand]]
-        return slot
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held (table buffers and the index arrays, the bucket starts included)."""
-        starts = ((1 << self._bucket_bits) + 1) * (4 if len(self.hashes) < 2**31 else 8)
-        return self.table.get_total_buffer_size() + self.hashes.nbytes + self.order.nbytes + starts
-
-    def find(self, q_hashes: np.ndarray, q_keys: pa.Array, q_ops: np.ndarray) -> np.ndarray:
-        """Row of each query in the table, -1 if absent; equal hashes are confirmed by comparing the keys."""
-        m, n = len(q_hashes), len(self.hashes)
-        pos = np.full(m, -1, dtype=np.int64)
-        slot = self._first_at_least(q_hashes)
-        keys, ops = self._keys, self._ops
-        if n == 0 or m == 0:
-            return pos
-        # first round over every query at once (a miss compares against some row, harmlessly): no take of the queries
-        rows = self.order[np.minimum(slot, n - 1)]
-        hashed = (slot < n) & (self.hashes[np.minimum(slot, n - 1)] == q_hashes)
-        same = pc.equal(keys.take(pa.array(rows)), q_keys).to_numpy(zero_copy_only=False)
-        same &= hashed & (ops[rows] == q_ops)
-        pos[same] = rows[same]
-        cand = np.flatnonzero(hashed & ~same)  # equal hash, other key: walk on to the next equal hash
-        slot[cand] += 1
-        while cand.size:  # only when two keys share a hash
-            inside = slot[cand] < n
-            cand = cand[inside]
-            cand = cand[self.hashes[slot[cand]] == q_hashes[cand]]
-            if not cand.size:
-                break
-            rows = self.order[slot[cand]]
-            same = pc.equal(keys.take(pa.array(rows)), q_keys.take(pa.array(cand))).to_numpy(zero_copy_only=False)
-            same &= ops[rows] == q_ops[cand]
-            pos[cand[same]] = rows[same]
-            cand = cand[~same]
-            slot[cand] += 1
-        return pos
 
 
 def _keyed_segments(entry: DataFile) -> tuple[list[Segment], np.ndarray, np.ndarray]:
@@ -583,7 +207,7 @@ class CheckpointReader:
             if table is None:
                 missing.append(i)
         if missing:
-            key = job_prefix(self.job) + entry.path
+            key = job_file_key(self.job, entry.path)
             wanted = [segments[i] for i in missing]
             blobs: list[pa.Buffer] = [pa.py_buffer(b"")] * len(wanted)
             if sum(s.length for s in wanted) * 10 >= entry.size * 9:  # (nearly) all of it: one GET, checked by sha256
@@ -653,21 +277,6 @@ class CheckpointReader:
 
     # ---- layer overlay ----------------------------------------------------------------------------------------
 
-    def _apply_layer(self, acc: pa.Table, tables: list[tuple[DataFile, pa.Table]], lo: int, hi: int) -> pa.Table:
-        """Overlay one layer: delta files apply puts/erases; a base file replaces the key groups it covers."""
-        deltas = [t for f, t in tables if f.changelog]
-        for f, t in tables:
-            if not f.changelog:  # a base is the whole state of its range: drop what older layers said there
-                b_lo, b_hi = max(lo, f.kg_lo), min(hi, f.kg_hi)
-                lead = leading_bytes(acc.column("key_bytes"))
-                acc = acc.filter(pa.array(~((lead >= b_lo) & (lead <= b_hi))))
-                deltas.append(_as_puts(t))
-        if len(deltas) == 1 and acc.num_rows == 0 and len(tables) == 1:
-            return _live(deltas[0])  # stored deltas are already resolved (one row per key): nothing to overlay onto
-        if deltas:
-            acc = overlay(acc, pa.concat_tables(deltas) if len(deltas) > 1 else deltas[0])
-        return acc
-
     def part_keyed_pieces(self, manifest: Manifest, part: Part, lo: int, hi: int) -> list[Piece]:
         """Keyed rows of key groups lo..hi (clipped to the part) after every layer, as pieces still to assemble."""
         lo, hi = max(lo, part.kg_lo), min(hi, part.kg_hi)
@@ -681,9 +290,9 @@ class CheckpointReader:
                 return pieces
             rest = pending[:]
             if not pieces:
-                pieces, rest = [_live_piece(rest[0])], rest[1:]  # a stored delta is already resolved: onto nothing it is just its puts
+                pieces, rest = [live_piece(rest[0])], rest[1:]  # a stored delta is already resolved: onto nothing it is just its puts
             pending.clear()
-            return _overlay_pieces(pieces, _in_sequence(rest)) if rest else pieces
+            return overlay_pieces(pieces, deltas_in_sequence(rest)) if rest else pieces
 
         for layer in ordered_layers(manifest, part):
             tables = []
@@ -700,7 +309,7 @@ class CheckpointReader:
                 pending.extend(t for _, t in tables)
             else:
                 acc = assemble(flush(pieces)) if pieces or pending else empty_table()
-                pieces = [(self._apply_layer(acc, tables, lo, hi), None)]
+                pieces = [(apply_layer(acc, tables, lo, hi), None)]
         return flush(pieces)
 
     def part_keyed(self, manifest: Manifest, part: Part, lo: int, hi: int) -> pa.Table:
@@ -722,7 +331,7 @@ class CheckpointReader:
                     continue
                 t = self._operator_rows(entry)
                 if t is not None:
-                    tables.append(t if entry.changelog else _as_puts(t))
+                    tables.append(t if entry.changelog else as_puts(t))
             if tables:
                 acc = overlay(acc, pa.concat_tables(tables) if len(tables) > 1 else tables[0])
         return acc
@@ -765,7 +374,7 @@ class CheckpointReader:
         deltas.sort(key=lambda e: (e.as_of, e.kg_lo))
         for _, same in itertools.groupby(deltas, key=lambda e: e.as_of):
             tables = [t for t in (self._operator_rows(e) for e in same) if t is not None]
-            acc = overlay(acc, _same_checkpoint(tables))
+            acc = overlay(acc, merge_same_checkpoint(tables))
         return acc
 
     # ---- public reads -----------------------------------------------------------------------------------------
@@ -784,8 +393,7 @@ class CheckpointReader:
         pieces = [piece for p in manifest.parts if p.overlaps(lo, hi) for piece in self.part_keyed_pieces(manifest, p, lo, hi)]
         pieces.append((self.operator_view(manifest), None))
         if ops:
-            wanted = pa.array(list(ops), pa.uint64())
-            pieces = [(t, _and(m, _is_in(t.column("op_id"), wanted))) for t, m in pieces]
+            pieces = pieces_of_op_ids(pieces, ops)
         table = assemble(pieces)  # one contiguous chunk per column: the stream writer need not copy it again
         self.cache.put(cache_key, table)
         return table

@@ -12,11 +12,14 @@ JOBS = "jobs/"
 SAVEPOINTS = "savepoints/"
 SAVEPOINT_MANIFEST = "_metadata"
 DATA_DIR = "data/"
+DATA_SUFFIX = ".arrow"
+PARTS_DIR = "parts/"
+PINS_DIR = "pins/"
 GC_MARKER = "gc/progress.json"
 JOB_GC_MARKER = "gc-progress.json"  # jobs/<job>/gc-progress.json: the marker of a GC run scoped to one job
 
 # data files are written once under a fresh name, so repeating their put cannot overwrite anyone else's bytes
-IMMUTABLE_KEY_PATTERN = r"(^|/)data/[^/]+\.arrow$"
+IMMUTABLE_KEY_PATTERN = rf"(^|/){re.escape(DATA_DIR)}[^/]+{re.escape(DATA_SUFFIX)}$"
 
 _CHECKPOINT_DIR = re.compile(r"^chk-([1-9][0-9]*)$")
 _PART_NAME = re.compile(r"^([0-9]{1,3})-([0-9]{1,3})(?:-e([1-9][0-9]*))?\.json$")
@@ -54,27 +57,27 @@ def part_name(kg_lo: int, kg_hi: int, epoch: int) -> str:
 
 def part_key(job: str, checkpoint_id: int, kg_lo: int, kg_hi: int, epoch: int) -> str:
     """Store key of one subtask's contribution to checkpoint N."""
-    return f"{JOBS}{job}/chk-{checkpoint_id}/parts/{part_name(kg_lo, kg_hi, epoch)}"
+    return f"{parts_prefix(job, checkpoint_id)}{part_name(kg_lo, kg_hi, epoch)}"
 
 
 def legacy_part_key(job: str, checkpoint_id: int, kg_lo: int, kg_hi: int) -> str:
     """Where a part was staged before part names carried the epoch (read, never written)."""
-    return f"{JOBS}{job}/chk-{checkpoint_id}/parts/{kg_lo}-{kg_hi}.json"
+    return f"{parts_prefix(job, checkpoint_id)}{kg_lo}-{kg_hi}.json"
 
 
 def parts_prefix(job: str, checkpoint_id: int) -> str:
     """Listing prefix of the parts of checkpoint N."""
-    return f"{JOBS}{job}/chk-{checkpoint_id}/parts/"
+    return f"{JOBS}{job}/chk-{checkpoint_id}/{PARTS_DIR}"
 
 
 def pin_key(job: str, checkpoint_id: int, holder: str) -> str:
     """Store key of one holder's pin on checkpoint N."""
-    return f"{JOBS}{job}/pins/{checkpoint_id}/{holder}.json"
+    return f"{pin_prefix(job)}{checkpoint_id}/{holder}.json"
 
 
 def pin_prefix(job: str) -> str:
     """Listing prefix of every pin of a job."""
-    return f"{JOBS}{job}/pins/"
+    return f"{JOBS}{job}/{PINS_DIR}"
 
 
 def job_gc_marker_key(job: str) -> str:
@@ -84,12 +87,45 @@ def job_gc_marker_key(job: str) -> str:
 
 def new_data_path() -> str:
     """A fresh relative path for a data file (relative to its job or savepoint folder)."""
-    return f"{DATA_DIR}{uuid.uuid4().hex}.arrow"
+    return f"{DATA_DIR}{uuid.uuid4().hex}{DATA_SUFFIX}"
+
+
+def is_data_path(path: str) -> bool:
+    """Whether a path a manifest names lies in the data folder, where every data file is written."""
+    return path.startswith(DATA_DIR)
+
+
+def job_file_key(job: str, path: str) -> str:
+    """Store key of a file a job's manifests name by its path relative to the job folder (data/...)."""
+    return f"{job_prefix(job)}{path}"
 
 
 def savepoint_prefix(name: str) -> str:
     """Store prefix of a savepoint folder (with trailing '/'); NAME or JOB/NAME (the pool's RPC writes under its job)."""
     return f"{SAVEPOINTS}{name}/"
+
+
+def savepoint_manifest_key(name: str) -> str:
+    """Store key of a savepoint's manifest: written last, its existence makes the savepoint."""
+    return f"{savepoint_prefix(name)}{SAVEPOINT_MANIFEST}"
+
+
+def savepoint_file_key(name: str, path: str) -> str:
+    """Store key of a file a savepoint's manifest names by its path relative to the savepoint folder (data/...)."""
+    return f"{savepoint_prefix(name)}{path}"
+
+
+def job_savepoint_name(job: str, name: str) -> str:
+    """The name JOB/NAME of a savepoint written under a job's own namespace."""
+    return f"{job}/{name}"
+
+
+def split_job_savepoint_name(name: str) -> tuple[str, str] | None:
+    """(JOB, NAME) of a savepoint name written under a job (one '/'); None for any other name."""
+    if name.count("/") != 1:
+        return None
+    job, own = name.split("/")
+    return job, own
 
 
 # what a savepoint folder holds directly: a nested savepoint (JOB/NAME) may not take these names
@@ -148,14 +184,30 @@ def parse_job_key(key: str) -> JobKey | None:
         cid = int(m.group(1))
         if tail == "_metadata":
             return JobKey(job, "metadata", rest, cid)
-        if tail.startswith("parts/") and "/" not in tail[6:]:
-            parsed = parse_part_name(tail[6:])
+        if tail.startswith(PARTS_DIR) and "/" not in tail[len(PARTS_DIR) :]:
+            parsed = parse_part_name(tail[len(PARTS_DIR) :])
             if parsed:
                 return JobKey(job, "part", rest, cid, parsed[0], parsed[1], parsed[2])
         return JobKey(job, "other", rest, cid)
-    if head == "data" and tail and "/" not in tail:
+    if head + "/" == DATA_DIR and tail and "/" not in tail:
         return JobKey(job, "data", rest)
-    if head == "pins" and tail.endswith(".json"):
+    if head + "/" == PINS_DIR and tail.endswith(".json"):
         cid_text = tail.partition("/")[0]
         return JobKey(job, "pin", rest, pin_checkpoint=int(cid_text) if cid_text.isdigit() else 0)
     return JobKey(job, "other", rest)
+
+
+def staged_part_label(key: str) -> str | None:
+    """The file name, less .json, of an object staged in a checkpoint's parts/ folder (e.g. 0-63-e7); None for any other key."""
+    parsed = parse_job_key(key)
+    if parsed is None or not parsed.checkpoint_id or not parsed.rest.partition("/")[2].startswith(PARTS_DIR):
+        return None
+    return key.rsplit("/", 1)[-1].removesuffix(".json")
+
+
+def is_gc_marker(key: str) -> bool:
+    """Whether a key is the progress marker of a GC run, store-wide or of one job."""
+    if key == GC_MARKER:
+        return True
+    parsed = parse_job_key(key)
+    return parsed is not None and parsed.kind == "gc-marker"

@@ -11,7 +11,7 @@ from typing import Any
 from snapshot import NUM_KEY_GROUPS, StateVersionMap
 from snapshot.errors import CorruptDataError, CorruptSnapshotError, InvalidArgumentError
 from store.datafile import ENCODING_FILE, ENCODING_STREAMS, KIND_BASE, KIND_DELTA, DataFile, Segment
-from store.layout import checkpoint_prefix, job_prefix, metadata_key, part_key, writers_key
+from store.layout import DATA_DIR, checkpoint_prefix, is_data_path, job_prefix, metadata_key, part_key, writers_key
 from store.objects import validate_key
 
 __all__ = [
@@ -22,9 +22,13 @@ __all__ = [
     "Part",
     "checkpoint_prefix",
     "job_prefix",
+    "manifest_extra_fields",
+    "manifest_json",
     "metadata_key",
     "parse_manifest",
     "part_key",
+    "ordered_file_paths",
+    "ordered_layers",
     "tiles",
     "writers_key",
 ]
@@ -202,8 +206,8 @@ class _Parser:
             validate_key(value)
         except InvalidArgumentError:
             raise self.fail(f"{where} = {value!r} is not a safe relative path") from None
-        if not value.startswith("data/"):
-            raise self.fail(f"{where} = {value!r} must lie under data/")
+        if not is_data_path(value):
+            raise self.fail(f"{where} = {value!r} must lie under {DATA_DIR}")
         return value
 
 
@@ -322,3 +326,41 @@ def tiles(parts: list[Part] | tuple[Part, ...]) -> bool:
             return False
         expected = part.kg_hi + 1
     return expected == NUM_KEY_GROUPS
+
+
+def ordered_file_paths(paths: list[str], files: dict[str, DataFile]) -> list[str]:
+    """Paths oldest first by as_of (a base after a delta of the same checkpoint: it folds it); files without as_of first, as listed."""
+    legacy = [p for p in paths if files[p].as_of is None]
+    dated = sorted((files[p].as_of, files[p].kind == KIND_BASE, i, p) for i, p in enumerate(paths) if files[p].as_of is not None)
+    return legacy + [p for *_, p in dated]
+
+
+def ordered_layers(manifest: Manifest, part: Part) -> list[tuple[str, ...]]:
+    """A part's layers oldest first, ordered by the checkpoint each file's rows are as of, whatever order the part lists them.
+
+    Rescales join the layers of several parent parts, so list order is not time order; as_of is. Files without as_of
+    (written before it existed) keep their listed layers, before every file that has one.
+    """
+    if all(manifest.file(p).as_of is None for layer in part.layers for p in layer):
+        return list(part.layers)
+    legacy = [layer for layer in part.layers if all(manifest.file(p).as_of is None for p in layer)]
+    paths = [p for layer in part.layers for p in layer if manifest.file(p).as_of is not None]
+    return legacy + [(p,) for p in ordered_file_paths(paths, {p: manifest.file(p) for p in paths})]
+
+
+def manifest_extra_fields(raw: bytes) -> dict:
+    """Top-level fields a stored manifest carries beyond the manifest itself (restored_from, savepoint): kept on rewrite."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return {}
+    return {k: doc[k] for k in ("restored_from", "savepoint") if k in doc}
+
+
+def manifest_json(m: Manifest, extra: dict | None = None) -> bytes:
+    """The manifest's deterministic JSON, with optional extra top-level fields (readers ignore unknown fields)."""
+    if not extra:
+        return m.to_json()
+    doc = json.loads(m.to_json())
+    doc.update(extra)
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()

@@ -11,8 +11,8 @@ import snapshot as s
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange
 from pool.lifecycle import Lifecycle
-from store.checkpoint import SegmentCache
 from store.local import FileStore
+from store.segment_cache import SegmentCache
 from tests.pool_core_helpers import OP_IDS, commit, keyed, keys_in_range, op_key
 
 UNIVERSE = keys_in_range(0, 127, 300)

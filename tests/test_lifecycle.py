@@ -10,10 +10,11 @@ import pytest
 import snapshot as s
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange
-from pool.lifecycle import GC_MARKER, Lifecycle, LifecycleConfig, savepoint_prefix
+from pool.lifecycle import Lifecycle, LifecycleConfig
 from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError
-from store.checkpoint import SegmentCache
+from store.layout import GC_MARKER, savepoint_prefix
 from store.manifest import job_prefix, parse_manifest
+from store.segment_cache import SegmentCache
 from tests.pool_core_helpers import OP_IDS, Model, Row, apply, commit, keyed, keys_in_range, op_key
 
 HALVES = (KeyGroupRange(0, 63), KeyGroupRange(64, 127))

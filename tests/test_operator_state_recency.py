@@ -13,8 +13,9 @@ import snapshot as s
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange, PoolConfig
 from pool.lifecycle import Lifecycle, LifecycleConfig
-from store.checkpoint import CheckpointReader, SegmentCache
+from store.checkpoint import CheckpointReader
 from store.local import FileStore
+from store.segment_cache import SegmentCache
 
 A, B = KeyGroupRange(0, 63), KeyGroupRange(64, 127)
 QUARTERS = [KeyGroupRange(0, 31), KeyGroupRange(32, 63), KeyGroupRange(64, 95), KeyGroupRange(96, 127)]

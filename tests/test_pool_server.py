@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import snapshot
 from pool.errors import ERROR_CLASS_METADATA_KEY, STATUS_BY_ERROR, status_for
 from pool.server import PoolServer, PoolServerConfig
-from pool.streaming import length_delimited_field_1
+from pool.wire import length_delimited_field_1
 from protos import remote_pool_pb2 as pb
 from store.objects import ObjectStore, StoreConfig
 from tests.pool_server_fixtures import (

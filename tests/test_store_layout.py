@@ -16,9 +16,12 @@ import snapshot as s
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange, PoolConfig
 from snapshot.errors import ChecksumMismatchError, CorruptDataError
-from store.checkpoint import CheckpointReader, KeyIndex, SegmentCache, _overlay_pieces, assemble, hash_keys
+from store.assembly import assemble, overlay_pieces
+from store.checkpoint import CheckpointReader
 from store.datafile import KIND_DELTA, decode_segment, encode_datafile, sort_for_layout, verify_file, verify_segment
+from store.key_index import KeyIndex, hash_keys
 from store.manifest import metadata_key, parse_manifest
+from store.segment_cache import SegmentCache
 
 SRC = OP_IDS["source"]
 
@@ -267,7 +270,7 @@ def test_overlay_pieces_then_assemble_equals_snapshot_overlay(base_rows, change,
         }
     )
     expected = s.overlay(base, changelog)
-    got = assemble(_overlay_pieces([(base, None)], changelog))
+    got = assemble(overlay_pieces([(base, None)], changelog))
     assert all(c.num_chunks <= 1 for c in got.columns)
 
     def as_dict(t: pa.Table) -> dict:

@@ -8,8 +8,9 @@ from clink.tools.sources import Selection, SourceConfig, SourceRef, StateSource,
 from snapshot import ClinkError, CorruptDataError, NotFoundError, StateVersionMap, UnsupportedFormatVersionError
 from snapshot.errors import ChecksumMismatchError, CorruptSnapshotError, prefixed
 from snapshot.format import FORMAT_VERSION
+from store.layout import SAVEPOINT_MANIFEST, savepoint_manifest_key, savepoint_prefix
 from store.objects import ObjectStore
-from store.views import SAVEPOINT_MANIFEST, SavepointView, savepoint_prefix
+from store.views import SavepointView
 
 
 def _open(ref: SourceRef, store: ObjectStore) -> tuple[ObjectStore, str, int]:
@@ -18,7 +19,7 @@ def _open(ref: SourceRef, store: ObjectStore) -> tuple[ObjectStore, str, int]:
         return store, ref.job, ref.checkpoint_id
     from store.manifest import parse_manifest
 
-    key = savepoint_prefix(ref.savepoint) + SAVEPOINT_MANIFEST
+    key = savepoint_manifest_key(ref.savepoint)
     try:
         data = store.get(key)
     except NotFoundError:
@@ -67,7 +68,7 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
     from snapshot import read_arrow_file, read_snapshot
     from store.checkpoint import CheckpointReader
     from store.datafile import ENCODING_FILE, ENCODING_STREAMS, decode_segment, verify_file, verify_segment
-    from store.manifest import job_prefix, metadata_key
+    from store.layout import job_file_key, metadata_key
 
     store = open_source_store(ref, config)
     try:
@@ -96,7 +97,7 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
     for entry in sorted(manifest.files, key=lambda f: f.path):
         report.files_checked += 1
         try:
-            data = store.get(job_prefix(job) + entry.path)
+            data = store.get(job_file_key(job, entry.path))
         except NotFoundError:
             files_ok = False
             report.add("presence", FAIL, f"data file is missing ({entry.rows} rows, {entry.size} bytes per the manifest)", entry.path)

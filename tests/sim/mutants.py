@@ -9,14 +9,22 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import client.backend as backend_mod
+import pool.compaction as compaction_mod
+import pool.gc as gc_mod
 import pool.lifecycle as lifecycle_mod
 import pool.protocol as protocol_mod
+import pool.restore as restore_mod
+import pool.savepoints as savepoints_mod
 import store.checkpoint as checkpoint_mod
 from snapshot.errors import NotFoundError
 from store.layout import metadata_key
+from store.manifest import MANIFEST_FORMAT, Manifest
+
+# the lifecycle modules that write manifests: a mutant of what they write patches the Manifest each of them builds
+_MANIFEST_WRITERS = (compaction_mod, restore_mod, savepoints_mod)
 
 
 @contextmanager
@@ -27,6 +35,15 @@ def patched(obj: object, name: str, value: object) -> Iterator[None]:
         yield
     finally:
         setattr(obj, name, old)
+
+
+@contextmanager
+def manifests_built_by(factory: Callable[..., Manifest]) -> Iterator[None]:
+    """``factory`` in place of Manifest in every lifecycle module that writes manifests."""
+    with ExitStack() as stack:
+        for module in _MANIFEST_WRITERS:
+            stack.enter_context(patched(module, "Manifest", factory))
+        yield
 
 
 def _layers_in_listed_order():  # defect 1: readers and commits trust the order parents were joined in
@@ -54,18 +71,18 @@ def _layers_in_listed_order():  # defect 1: readers and commits trust the order 
 
 
 def _empty_fold_writes_no_base():  # defect 2: compacting a part whose fold is empty leaves no compaction point
-    real = lifecycle_mod.Manifest
+    real = Manifest
 
     def manifest(fmt, job, cid, parent, created, ops, versions, parts, files, *rest, **kw):
         empty = {f.path for f in files if f.kind == "base" and f.rows == 0 and f.as_of == cid}
-        if empty and fmt == lifecycle_mod.MANIFEST_FORMAT:
+        if empty and fmt == MANIFEST_FORMAT:
             parts = tuple(
                 type(p)(p.kg_lo, p.kg_hi, p.epoch, p.parent_id, tuple(layer for layer in p.layers if not set(layer) & empty)) for p in parts
             )
             files = tuple(f for f in files if f.path not in empty)
         return real(fmt, job, cid, parent, created, ops, versions, parts, files, *rest, **kw)
 
-    with patched(lifecycle_mod, "Manifest", manifest):
+    with manifests_built_by(manifest):
         yield
 
 
@@ -74,13 +91,13 @@ def _gc_skips_vanished_manifests():  # defect 3: a manifest deleted while GC rea
         out = set()
         for key in layout.manifest_keys:
             try:
-                m = lifecycle_mod.parse_manifest(self.store.get(key), key)
+                m = gc_mod.parse_manifest(self.context.store.get(key), key)
             except NotFoundError:
                 continue
             out.update(f"jobs/{job}/" + p for p in m.referenced_paths)
         return out
 
-    with patched(lifecycle_mod.Lifecycle, "_job_references", refs):
+    with patched(gc_mod.GarbageCollector, "_job_references", refs):
         yield
 
 
@@ -191,7 +208,7 @@ def _no_restore_records():  # latest may be a checkpoint a rewind left behind
 
 
 def _compaction_forgets_retired_files():  # a replaced _metadata stops naming files a concurrent commit copied
-    real = lifecycle_mod.Manifest
+    real = Manifest
 
     def manifest(*a, **k):
         if len(a) >= 10:
@@ -199,7 +216,7 @@ def _compaction_forgets_retired_files():  # a replaced _metadata stops naming fi
         k.pop("retired", None)
         return real(*a, **k)
 
-    with patched(lifecycle_mod, "Manifest", manifest):
+    with manifests_built_by(manifest):
         yield
 
 

@@ -22,10 +22,11 @@ from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.lifecycle import Lifecycle, LifecycleConfig
 from snapshot.errors import ClinkError, NotFoundError
-from store.checkpoint import CheckpointReader, SegmentCache
+from store.checkpoint import CheckpointReader
 from store.layout import parse_job_key as parse_job_key_uncached
 from store.manifest import parse_manifest
 from store.retry import RetryingStore, StoreRetryConfig
+from store.segment_cache import SegmentCache
 from tests.sim.adapter import LocalPool, connect
 from tests.sim.scheduler import Actor, Scheduler, SimCrash
 from tests.sim.store import SimStore
