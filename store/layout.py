@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from snapshot import NUM_KEY_GROUPS
@@ -140,6 +141,38 @@ def savepoint_of(key: str) -> str | None:
     if parts[2] in SAVEPOINT_ENTRIES or len(parts) == 3:
         return parts[1]
     return f"{parts[1]}/{parts[2]}"
+
+
+def parse_checkpoint_dir(name: str) -> int | None:
+    """N of a checkpoint folder name chk-N, None for any other name."""
+    m = _CHECKPOINT_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class StateFolder:
+    """A checkpoint or savepoint folder found at the end of a path; the first ``root_parts`` parts are the store's root."""
+
+    root_parts: int
+    job: str | None = None
+    checkpoint_id: int | None = None
+    savepoint: str | None = None
+
+
+def find_state_folder(parts: Sequence[str]) -> StateFolder | None:
+    """Find .../jobs/JOB/chk-N or .../savepoints/[JOB/]NAME (with or without a trailing _metadata) in a path's parts."""
+    parts = list(parts)
+    if parts and parts[-1] == SAVEPOINT_MANIFEST:
+        parts = parts[:-1]
+    if len(parts) >= 3 and parts[-3] + "/" == JOBS:
+        checkpoint_id = parse_checkpoint_dir(parts[-1])
+        if checkpoint_id is not None:
+            return StateFolder(len(parts) - 3, job=parts[-2], checkpoint_id=checkpoint_id)
+    if len(parts) >= 2 and parts[-2] + "/" == SAVEPOINTS and parts[-1]:
+        return StateFolder(len(parts) - 2, savepoint=parts[-1])
+    if len(parts) >= 3 and parts[-3] + "/" == SAVEPOINTS and parts[-1] not in SAVEPOINT_ENTRIES:
+        return StateFolder(len(parts) - 3, savepoint=job_savepoint_name(parts[-2], parts[-1]))
+    return None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -27,9 +26,9 @@ from snapshot import (
 )
 from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError, error_class_named, prefixed, rebuilt
 from snapshot.format import FORMAT_VERSION
+from store.layout import SAVEPOINT_MANIFEST, StateFolder, find_state_folder, parse_checkpoint_dir
 
-METADATA_FILE = "_metadata"
-_CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
+METADATA_FILE = SAVEPOINT_MANIFEST
 KeyGroups = tuple[int, int]
 
 
@@ -140,20 +139,6 @@ def parse_op(text: str) -> int:
     return value
 
 
-def _layout(parts: Sequence[str]) -> tuple[int, dict[str, str | int]] | None:
-    """Find .../jobs/<job>/chk-<N> or .../savepoints/<name> at the end of a path; return (index of root end, fields)."""
-    parts = list(parts)
-    if parts and parts[-1] == METADATA_FILE:
-        parts = parts[:-1]
-    if len(parts) >= 3 and parts[-3] == "jobs":
-        m = _CHECKPOINT_DIR.match(parts[-1])
-        if m:
-            return len(parts) - 3, {"job": parts[-2], "checkpoint_id": int(m.group(1))}
-    if len(parts) >= 2 and parts[-2] == "savepoints" and parts[-1]:
-        return len(parts) - 2, {"savepoint": parts[-1]}
-    return None
-
-
 def parse_source(spec: str) -> SourceRef:
     """Work out what SRC names; nothing is read yet."""
     if not spec or not spec.strip():
@@ -183,9 +168,8 @@ def _parse_pool(spec: str) -> SourceRef:
     if not url.hostname or url.port is None:
         raise InvalidArgumentError(f"{spec}: pool sources are grpc://HOST:PORT/JOB or grpc://HOST:PORT/JOB/chk-N")
     parts = [unquote(p) for p in url.path.split("/") if p]
-    checkpoint_id = None
-    if parts and _CHECKPOINT_DIR.match(parts[-1]):
-        checkpoint_id = int(_CHECKPOINT_DIR.match(parts[-1]).group(1))
+    checkpoint_id = parse_checkpoint_dir(parts[-1]) if parts else None
+    if checkpoint_id is not None:
         parts = parts[:-1]
     if not parts:
         raise InvalidArgumentError(f"{spec}: no job named; pool sources are grpc://HOST:PORT/JOB[/chk-N]")
@@ -194,16 +178,20 @@ def _parse_pool(spec: str) -> SourceRef:
 
 
 def _parse_store_path(spec: str, root: str, parts: list[str]) -> SourceRef:
-    found = _layout(parts)
+    found = find_state_folder(parts)
     if found is None:
         if not parts or parts[-1] == METADATA_FILE:
             raise InvalidArgumentError(f"{spec}: a checkpoint path ends in jobs/<job>/chk-<N> and a savepoint path in savepoints/<name>")
         store_uri = "/".join([root, *parts[:-1]])
         return SourceRef("object", spec, path=parts[-1], store_uri=store_uri)
-    cut, fields = found
-    store_uri = "/".join([root, *parts[:cut]])
-    kind = "checkpoint" if "job" in fields else "savepoint"
-    return SourceRef(kind, spec, store_uri=store_uri, **fields)
+    return _stored_ref(spec, "/".join([root, *parts[: found.root_parts]]), found)
+
+
+def _stored_ref(spec: str, store_uri: str, found: StateFolder) -> SourceRef:
+    if found.savepoint is not None:
+        return SourceRef("savepoint", spec, store_uri=store_uri, savepoint=found.savepoint)
+    assert found.job is not None and found.checkpoint_id is not None
+    return SourceRef("checkpoint", spec, store_uri=store_uri, job=found.job, checkpoint_id=found.checkpoint_id)
 
 
 def _parse_local(spec: str, path: Path) -> SourceRef:
@@ -212,12 +200,10 @@ def _parse_local(spec: str, path: Path) -> SourceRef:
         return SourceRef("file", spec, path=str(path))
     if path.name == METADATA_FILE or path.is_dir() or not path.suffix:
         absolute = path.resolve()
-        found = _layout(absolute.parts[1:])
+        found = find_state_folder(absolute.parts[1:])
         if found is not None:
-            cut, fields = found
-            root = Path(absolute.anchor, *absolute.parts[1 : 1 + cut])
-            kind = "checkpoint" if "job" in fields else "savepoint"
-            return SourceRef(kind, spec, store_uri=root.as_uri(), **fields)
+            root = Path(absolute.anchor, *absolute.parts[1 : 1 + found.root_parts])
+            return _stored_ref(spec, root.as_uri(), found)
         if path.is_dir():
             raise InvalidArgumentError(
                 f"{spec}: a directory source must be a checkpoint (jobs/<job>/chk-<N>) or a savepoint (savepoints/<name>)"
