@@ -20,7 +20,6 @@ from client.errors import (
 )
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
-from store.retry import full_jitter_backoff
 
 KeyGroups = tuple[int, int]
 
@@ -36,7 +35,8 @@ class RetryPolicy:
 
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Sleep before retry number ``attempt`` (0-based): uniform in [0, min(cap, base * mult**attempt)]."""
-        return full_jitter_backoff(attempt, rng, self.initial_backoff_s, self.max_backoff_s, self.multiplier)
+        # full jitter, as store/retry.py backs off from the store: the client depends on no store code
+        return rng.uniform(0.0, min(self.max_backoff_s, self.initial_backoff_s * self.multiplier**attempt))
 
 
 # one MultiGet carries at most this many keys and key bytes (half the pool's default limits); larger asks are split
