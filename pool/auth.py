@@ -54,7 +54,7 @@ class TlsConfig:
             try:
                 return Path(path).read_bytes()
             except OSError as exc:
-                raise InvalidArgumentError(f"cannot read TLS file {path}: {exc.strerror or exc}") from None
+                raise InvalidArgumentError(f"cannot read TLS file {path}: {exc.strerror or exc}") from exc
 
         return cls(read(cert), read(key), read(client_ca) if client_ca else None)
 
@@ -137,7 +137,7 @@ class TokenTable:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidArgumentError(f"cannot read token file {path}: {exc}") from None
+            raise InvalidArgumentError(f"cannot read token file {path}: {exc}") from exc
         return cls.parse(text, str(path))
 
     @classmethod
@@ -151,7 +151,7 @@ class TokenTable:
                     _grant(e.get("token"), e.get("jobs"), e.get("access"), e.get("name") or f"#{i}", name) for i, e in enumerate(entries)
                 ]
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise InvalidArgumentError(f'{name}: not a token document ({{"tokens": [{{"token", "jobs", "access"}}]}}): {exc}') from None
+                raise InvalidArgumentError(f'{name}: not a token document ({{"tokens": [{{"token", "jobs", "access"}}]}}): {exc}') from exc
             return cls(grants)
         grants = []
         for lineno, line in enumerate(text.splitlines(), 1):

@@ -215,7 +215,7 @@ class PoolCore:
         try:
             versions = StateVersionMap.unpack(request.state_versions or "").pack()
         except (CorruptSnapshotError, InvalidArgumentError) as exc:
-            raise InvalidArgumentError(f"state_versions of the commit: {exc}") from None
+            raise InvalidArgumentError(f"state_versions of the commit: {exc}") from exc
         ops: dict[int, str] = {}
         for item in request.operators:
             op_id, uid = item
@@ -239,7 +239,7 @@ class PoolCore:
         try:
             snap = read_snapshot(data)
         except (CorruptSnapshotError, UnsupportedFormatVersionError) as exc:
-            raise InvalidArgumentError(f"delta of checkpoint {request.checkpoint_id} is not a valid snapshot stream: {exc}") from None
+            raise InvalidArgumentError(f"delta of checkpoint {request.checkpoint_id} is not a valid snapshot stream: {exc}") from exc
         table = replay_changelog(_as_changelog(snap.table.replace_schema_metadata(None), snap.is_changelog))
         if table.num_rows:
             keys = table.column("key_bytes")
@@ -329,7 +329,7 @@ class PoolCore:
         try:
             key_array = pa.array(keys, pa.binary())
         except (TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise InvalidArgumentError(f"keys must be bytes: {exc}") from None
+            raise InvalidArgumentError(f"keys must be bytes: {exc}") from exc
         if key_array.null_count:
             raise InvalidArgumentError("keys must be bytes, not None")
         self.check_multi_get_size(len(key_array), key_array.buffers()[2].size if key_array.buffers()[2] is not None else 0)
@@ -355,7 +355,7 @@ class PoolCore:
             try:
                 snap = read_snapshot(delta)
             except (CorruptSnapshotError, UnsupportedFormatVersionError) as exc:
-                raise InvalidArgumentError(f"scan delta is not a valid snapshot stream: {exc}") from None
+                raise InvalidArgumentError(f"scan delta is not a valid snapshot stream: {exc}") from exc
         if len(op_ids) > self.config.max_scan_op_ids:
             raise LimitExceededError(
                 f"a scan filtered to {len(op_ids)} op_ids; the pool takes at most {self.config.max_scan_op_ids} "

@@ -138,7 +138,7 @@ def serve_http(
     try:
         server = server_class((host, port), handler)
     except OSError as exc:
-        raise UnavailableError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}") from None
+        raise UnavailableError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}") from exc
     if tls is not None:
         server.socket = tls.ssl_context().wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     if configure is not None:  # before the first request can arrive

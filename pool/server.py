@@ -158,7 +158,7 @@ class PoolServer:
                 server.add_secure_port(self.config.listen, tls.grpc_credentials()) if tls else server.add_insecure_port(self.config.listen)
             )
         except RuntimeError as exc:
-            raise UnavailableError(f"cannot listen on {self.config.listen}: {exc}") from None
+            raise UnavailableError(f"cannot listen on {self.config.listen}: {exc}") from exc
         if not port:
             raise UnavailableError(f"cannot listen on {self.config.listen} (address in use or not local)")
         self.port = port
@@ -166,7 +166,7 @@ class PoolServer:
             try:
                 self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port, tls=self.config.tls)
             except OSError as exc:
-                raise UnavailableError(f"cannot serve metrics on {self.config.metrics_host}:{self.config.metrics_port}: {exc}") from None
+                raise UnavailableError(f"cannot serve metrics on {self.config.metrics_host}:{self.config.metrics_port}: {exc}") from exc
         if self.config.http_port is not None:
             from pool.http_export import start_http_export
 

@@ -67,7 +67,7 @@ def conform(table: pa.Table, changelog: bool = False) -> pa.Table:
             try:
                 col = col.cast(f.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise InvalidArgumentError(f"column {f.name} must be {f.type}, got {col.type}: {exc}") from None
+                raise InvalidArgumentError(f"column {f.name} must be {f.type}, got {col.type}: {exc}") from exc
         columns.append(col)
     return pa.Table.from_arrays(columns, schema=schema)
 
@@ -190,7 +190,7 @@ def _as_buffer(data: Bytesish | pa.NativeFile) -> pa.Buffer:
             return data.read_buffer()
         return data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
-        raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from None
+        raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from exc
 
 
 def _open_reader(source: pa.BufferReader) -> ipc.RecordBatchStreamReader:
@@ -199,7 +199,7 @@ def _open_reader(source: pa.BufferReader) -> ipc.RecordBatchStreamReader:
     except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
         if _is_arrow_file(source):
             raise CorruptSnapshotError("this is an Arrow IPC file (a stored data file?), not an Arrow IPC stream") from None
-        raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from None
+        raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from exc
 
 
 ARROW_FILE_MAGIC = b"ARROW1"
@@ -281,7 +281,7 @@ def read_snapshot(data: Bytesish | pa.NativeFile, limits: ReadLimits = DEFAULT_L
         metadata = dict(schema.metadata or {})
         schema.names  # noqa: B018 -- a damaged field name fails to decode here, not later in a caller
     except (pa.ArrowException, ValueError) as exc:
-        raise CorruptSnapshotError(f"stream schema is damaged: {exc}") from None
+        raise CorruptSnapshotError(f"stream schema is damaged: {exc}") from exc
     parse_format_version(metadata)
     is_changelog = _check_schema(schema)
     check_stream(buffer, limits)  # the schema is read; nothing after it is decoded before every message passed
@@ -289,7 +289,7 @@ def read_snapshot(data: Bytesish | pa.NativeFile, limits: ReadLimits = DEFAULT_L
         table = reader.read_all()
         table.validate()  # buffer sizes; the offsets themselves are checked below
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptSnapshotError(f"stream is truncated or damaged: {exc}") from None
+        raise CorruptSnapshotError(f"stream is truncated or damaged: {exc}") from exc
     _check_end_of_stream(buffer, source.tell())
     return _snapshot_of(table, metadata, is_changelog)
 
@@ -302,14 +302,14 @@ def read_arrow_file(data: Bytesish | pa.NativeFile) -> Snapshot:
         schema = reader.schema
         metadata = dict(schema.metadata or {})
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptSnapshotError(f"not an Arrow IPC file: {exc}") from None
+        raise CorruptSnapshotError(f"not an Arrow IPC file: {exc}") from exc
     parse_format_version(metadata)
     is_changelog = _check_schema(schema)
     try:
         table = reader.read_all()
         table.validate()
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptSnapshotError(f"Arrow IPC file is truncated or damaged: {exc}") from None
+        raise CorruptSnapshotError(f"Arrow IPC file is truncated or damaged: {exc}") from exc
     return _snapshot_of(table, metadata, is_changelog)
 
 

@@ -138,7 +138,7 @@ def _messages(source: pa.NativeFile) -> Iterator[ipc.Message]:
         except StopIteration:
             return
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise CorruptSnapshotError(f"stream is truncated or damaged: {exc}") from None
+            raise CorruptSnapshotError(f"stream is truncated or damaged: {exc}") from exc
 
 
 def check_stream(buffer: pa.Buffer, limits: ReadLimits = DEFAULT_LIMITS) -> None:
@@ -197,4 +197,4 @@ def open_checked_stream(source: pa.NativeFile, limits: ReadLimits = DEFAULT_LIMI
     try:
         return ipc.open_stream(pa.PythonFile(io.BufferedReader(_CheckedFeed(source, limits), 1 << 20), mode="r"))
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from None
+        raise CorruptSnapshotError(f"not an Arrow IPC stream: {exc}") from exc

@@ -60,7 +60,7 @@ class StateVersionMap(Mapping[tuple[int, str], int]):
             try:
                 packed = packed.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise CorruptSnapshotError(f"clink.state_versions is not UTF-8: {exc}") from None
+                raise CorruptSnapshotError(f"clink.state_versions is not UTF-8: {exc}") from exc
         if packed == "":
             return cls()
         entries = []

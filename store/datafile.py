@@ -188,7 +188,7 @@ def decode_segment(entry: DataFile, segment: Segment, data: bytes | pa.Buffer) -
             batch.validate()
             check_rows(batch, entry.changelog)
         except (pa.ArrowException, OSError, ValueError, CorruptSnapshotError) as exc:
-            raise CorruptDataError(f"data file {entry.path}: segment at offset {segment.offset} does not decode: {exc}") from None
+            raise CorruptDataError(f"data file {entry.path}: segment at offset {segment.offset} does not decode: {exc}") from exc
         if batch.num_rows != segment.rows:
             raise CorruptDataError(
                 f"data file {entry.path}: segment at offset {segment.offset} holds {batch.num_rows} rows, manifest says {segment.rows}"
@@ -197,7 +197,7 @@ def decode_segment(entry: DataFile, segment: Segment, data: bytes | pa.Buffer) -
     try:
         snap = read_snapshot(data)
     except (CorruptSnapshotError, UnsupportedFormatVersionError) as exc:
-        raise CorruptDataError(f"data file {entry.path}: segment at offset {segment.offset} does not decode: {exc}") from None
+        raise CorruptDataError(f"data file {entry.path}: segment at offset {segment.offset} does not decode: {exc}") from exc
     if snap.is_changelog != entry.changelog or snap.table.num_rows != segment.rows:
         raise CorruptDataError(
             f"data file {entry.path}: segment at offset {segment.offset} holds {snap.table.num_rows} "

@@ -40,7 +40,7 @@ class FileStore(ObjectStore):
         try:
             (self.root / TMP_DIR).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UnavailableError(f"cannot create store directory {self.root}: {exc}") from None
+            raise UnavailableError(f"cannot create store directory {self.root}: {exc}") from exc
         self.uri = f"file://{self.root}"
         self._root_prefix = str(self.root).rstrip("/") + "/"
         self.counters = StoreCounters()
@@ -74,7 +74,7 @@ class FileStore(ObjectStore):
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise NotFoundError(f"object {key} not found in {self.uri}") from None
         except OSError as exc:
-            raise UnavailableError(f"cannot read {key} in {self.uri}: {exc}") from None
+            raise UnavailableError(f"cannot read {key} in {self.uri}: {exc}") from exc
 
     def get(self, key: str) -> bytes:
         """The whole object; NotFoundError naming the key."""
@@ -122,7 +122,7 @@ class FileStore(ObjectStore):
                 os.fsync(fh.fileno())
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            raise UnavailableError(f"cannot write {key} in {self.uri}: {exc}") from None
+            raise UnavailableError(f"cannot write {key} in {self.uri}: {exc}") from exc
         return tmp
 
     @staticmethod
@@ -159,7 +159,7 @@ class FileStore(ObjectStore):
         except IsADirectoryError:
             raise InvalidArgumentError(f"object key {key} names a directory of other objects") from None
         except OSError as exc:
-            raise UnavailableError(f"cannot write {key} in {self.uri}: {exc}") from None
+            raise UnavailableError(f"cannot write {key} in {self.uri}: {exc}") from exc
         return etag
 
     def put(self, key: str, data: bytes) -> str:

@@ -265,7 +265,7 @@ def parse_manifest(data: bytes, name: str) -> Manifest:
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise p.fail(f"not JSON ({exc})") from None
+        raise p.fail(f"not JSON ({exc})") from exc
     d = p.obj(raw, "top level")
     fmt = p.str_(d, "format", "top")
     if fmt not in (MANIFEST_FORMAT, PART_FORMAT):
@@ -285,7 +285,7 @@ def parse_manifest(data: bytes, name: str) -> Manifest:
     try:
         StateVersionMap.unpack(state_versions)
     except (CorruptSnapshotError, InvalidArgumentError) as exc:
-        raise p.fail(f"state_versions: {exc}") from None
+        raise p.fail(f"state_versions: {exc}") from exc
     files = tuple(_parse_file(p, f, f"files[{i}]") for i, f in enumerate(p.list_(d, "files", "top")))
     known = {f.path for f in files}
     if len(known) != len(files):

@@ -116,11 +116,11 @@ class S3Store(ObjectStore):
             error = error_for_s3_code(code, status)
             raise error(_MESSAGE_BY_ERROR[error].format(what=what, uri=self.uri, code=code, message=message)) from exc
         except (bex.EndpointConnectionError, bex.ConnectionError, bex.ReadTimeoutError, bex.ConnectTimeoutError) as exc:
-            raise UnavailableError(f"{self.uri} unreachable ({what}): {exc}") from None
+            raise UnavailableError(f"{self.uri} unreachable ({what}): {exc}") from exc
         except bex.NoCredentialsError:
             raise UnauthenticatedError(f"no credentials found for {self.uri}") from None
         except bex.BotoCoreError as exc:
-            raise UnavailableError(f"{self.uri} failed on {what}: {exc}") from None
+            raise UnavailableError(f"{self.uri} failed on {what}: {exc}") from exc
 
     def get(self, key: str) -> bytes:
         """The whole object; NotFoundError naming the key."""

@@ -143,7 +143,7 @@ def parse_writers(data: bytes, name: str) -> WriterTable:
         retiring = tuple((_int(r["checkpoint"]), _int(r["until_ms"]), str(r.get("owner", ""))) for r in d.get("retiring", []))
         serial = _int(d.get("serial", 0))
     except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptDataError(f"writers file {name} is malformed: {exc}") from None
+        raise CorruptDataError(f"writers file {name} is malformed: {exc}") from exc
     return WriterTable(next_epoch, tuple(writers), restores, retiring, serial)
 
 

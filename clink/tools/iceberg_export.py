@@ -23,7 +23,7 @@ def open_catalog(catalog_name: str, catalog_uri: str, warehouse: str | None):
     try:
         return SqlCatalog(catalog_name, uri=catalog_uri, warehouse=warehouse)
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy raises many types for a bad URL; the user needs one line
-        raise InvalidArgumentError(f"cannot open catalog {catalog_uri}: {type(exc).__name__}: {exc}") from None
+        raise InvalidArgumentError(f"cannot open catalog {catalog_uri}: {type(exc).__name__}: {exc}") from exc
 
 
 def _identifier(table_name: str) -> tuple[str, str]:

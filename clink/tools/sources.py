@@ -258,7 +258,7 @@ def _read_local(ref: SourceRef) -> pa.NativeFile:
     except IsADirectoryError:
         raise InvalidArgumentError(f"{ref.spec}: is a directory, not a snapshot file") from None
     except OSError as exc:
-        raise InvalidArgumentError(f"{ref.spec}: cannot read: {exc.strerror or exc}") from None
+        raise InvalidArgumentError(f"{ref.spec}: cannot read: {exc.strerror or exc}") from exc
 
 
 def store_config(config: SourceConfig):
