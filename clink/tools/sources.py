@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
@@ -27,6 +28,9 @@ from snapshot import (
 )
 from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError, error_class_named, prefixed, rebuilt
 from snapshot.format import FORMAT_VERSION
+
+if TYPE_CHECKING:
+    import ssl
 
 METADATA_FILE = "_metadata"
 _CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
@@ -140,7 +144,15 @@ def parse_op(text: str) -> int:
     return value
 
 
-def _layout(parts: Sequence[str]) -> tuple[int, dict[str, str | int]] | None:
+class _LayoutFields(TypedDict, total=False):
+    """What a store path names: a checkpoint (job, checkpoint_id) or a savepoint."""
+
+    job: str
+    checkpoint_id: int
+    savepoint: str
+
+
+def _layout(parts: Sequence[str]) -> tuple[int, _LayoutFields] | None:
     """Find .../jobs/<job>/chk-<N> or .../savepoints/<name> at the end of a path; return (index of root end, fields)."""
     parts = list(parts)
     if parts and parts[-1] == METADATA_FILE:
@@ -184,8 +196,8 @@ def _parse_pool(spec: str) -> SourceRef:
         raise InvalidArgumentError(f"{spec}: pool sources are grpc://HOST:PORT/JOB or grpc://HOST:PORT/JOB/chk-N")
     parts = [unquote(p) for p in url.path.split("/") if p]
     checkpoint_id = None
-    if parts and _CHECKPOINT_DIR.match(parts[-1]):
-        checkpoint_id = int(_CHECKPOINT_DIR.match(parts[-1]).group(1))
+    if parts and (m := _CHECKPOINT_DIR.match(parts[-1])):
+        checkpoint_id = int(m.group(1))
         parts = parts[:-1]
     if not parts:
         raise InvalidArgumentError(f"{spec}: no job named; pool sources are grpc://HOST:PORT/JOB[/chk-N]")
@@ -396,7 +408,7 @@ def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
             else ssl.create_default_context()
         )
         if config.pool_tls_client_cert and config.pool_tls_client_key:
-            _load_client_cert(context, config)
+            _load_client_cert(context, config.pool_tls_client_cert, config.pool_tls_client_key)
     try:
         with _opener(config, context).open(urllib.request.Request(ref.spec, headers=headers), timeout=config.pool_timeout_s) as resp:
             return resp.read()
@@ -409,13 +421,13 @@ def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
         raise UnavailableError(f"{ref.spec}: cannot fetch: {reason}") from None
 
 
-def _load_client_cert(context, config: SourceConfig) -> None:
+def _load_client_cert(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
     import os
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="clink-tls-") as folder:
         cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
-        for path, pem in ((cert, config.pool_tls_client_cert), (key, config.pool_tls_client_key)):
+        for path, pem in ((cert, cert_pem), (key, key_pem)):
             with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
                 fh.write(pem)
         context.load_cert_chain(cert, key)
