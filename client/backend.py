@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from operator import itemgetter
+from typing import Final
 
 import numpy as np
 import pyarrow as pa
@@ -112,7 +114,13 @@ class _LruCache:
         return len(self._entries)
 
 
-_MISSING = object()
+class _Missing(enum.Enum):
+    """The sentinel of a lookup that found nothing (None is a value there: a key known absent, an erase)."""
+
+    MISSING = enum.auto()
+
+
+_MISSING: Final = _Missing.MISSING
 
 
 def changelog_table(layer: Mapping[StateKey, bytes | None]) -> pa.Table:
@@ -234,8 +242,10 @@ class RemoteReadBackend:
         config = config or BackendConfig()
         if not isinstance(job, str) or not job:
             raise InvalidArgumentError(f"job must be a non-empty string, got {job!r}")
-        owns = not isinstance(address, PoolClient)
-        pool = PoolClient(address, config.pool_client_config()) if owns else address
+        if isinstance(address, PoolClient):
+            pool, owns = address, False
+        else:
+            pool, owns = PoolClient(address, config.pool_client_config()), True
         backend = cls(pool, job, key_groups, config, owns_pool=owns)
         try:
             lease = pool.acquire_writer(job, backend.key_groups)
@@ -426,7 +436,8 @@ class RemoteReadBackend:
         out = [value for _, value in held]
         if not ask:
             return out
-        fetched, etag = self._pool.multi_get_at(self.job, checkpoint, [op_id], [ks[i][1] for i in ask], etag)
+        # checkpoint is None only when a concurrent start_fresh dropped the read checkpoint: the request carried 0 for it
+        fetched, etag = self._pool.multi_get_at(self.job, checkpoint or 0, [op_id], [ks[i][1] for i in ask], etag)
         self._adopt(checkpoint, etag)
         with self._lock:
             cache_ok = generation == self._generation

@@ -76,7 +76,7 @@ RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOUR
 
 def _trailer(exc: grpc.RpcError, key: str) -> str | None:
     try:
-        trailers = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
+        trailers = exc.trailing_metadata() or ()
     except Exception:  # noqa: BLE001 - an RpcError without trailers (e.g. raised by the channel itself)
         return None
     return next((v for k, v in trailers if k == key), None)
@@ -118,5 +118,5 @@ def error_from_status(
     if cls is ClinkError:
         message = f"{code.name}: {message}"
     err = rebuilt(cls, f"{what}: {message}", attributes)
-    err.grpc_code_name = code.name  # type: ignore[attr-defined]  # for logs and the CLI's exit codes, no grpc type
+    err.grpc_code_name = code.name  # for logs and the CLI's exit codes, no grpc type
     return err

@@ -6,6 +6,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 
@@ -22,6 +23,7 @@ from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
 
 KeyGroups = tuple[int, int]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ class PoolClient:
         self.address = address
         self.config = config or PoolClientConfig()
         self._rng = random.Random(self.config.seed)
-        options = [
+        options: list[tuple[str, int | str]] = [
             ("grpc.max_receive_message_length", self.config.max_message_bytes),
             ("grpc.max_send_message_length", self.config.max_message_bytes),
             # reconnect quickly so a pool that comes up late is found by the next retry, not after grpc's 1-120 s backoff
@@ -222,7 +224,7 @@ class PoolClient:
 
     # -- plumbing -----------------------------------------------------------------------------------
 
-    def _call(self, what: str, fn: Callable[[], object], deadline_s: float | None = None) -> object:
+    def _call(self, what: str, fn: Callable[[], T], deadline_s: float | None = None) -> T:
         """Run an idempotent call, retrying retryable codes with full-jitter backoff; map failures to domain errors."""
         attempt = 0
         while True:
@@ -236,12 +238,12 @@ class PoolClient:
     def _back_off_or_raise(self, exc: grpc.RpcError, what: str, attempt: int) -> None:
         """Sleep before the next try if the failure is retryable and attempts remain; otherwise raise the domain error."""
         policy = self.config.retry
-        code, error_class = exc.code(), error_class_of(exc)  # type: ignore[attr-defined]
+        code, error_class = exc.code(), error_class_of(exc)
         if retryable(code, error_class) and attempt + 1 < policy.max_attempts:
             self.retries += 1
             self.config.sleep(policy.backoff(attempt, self._rng))
             return
-        err = error_from_status(code, exc.details(), what, error_class, error_attributes_of(exc))  # type: ignore[attr-defined]
+        err = error_from_status(code, exc.details(), what, error_class, error_attributes_of(exc))
         if retryable(code, error_class):
             err.args = (f"{err} (gave up after {attempt + 1} attempt(s))",)
         raise err from None

@@ -100,7 +100,7 @@ class OperatorState(KeyedState):
         """The value (None when absent)."""
         return super().get(user_key)
 
-    def put(self, user_key: bytes = b"", value: bytes = b"") -> None:  # type: ignore[override]
+    def put(self, user_key: bytes = b"", value: bytes = b"") -> None:
         """Set the value."""
         super().put(user_key, value)
 
@@ -145,7 +145,7 @@ class TtlState(KeyedState):
         """Values of many user keys, expired ones as None."""
         return [self._unwrap(v) for v in super().get_many(user_keys)]
 
-    def put(self, user_key: bytes, value: bytes, ttl_ms: int | None = None) -> None:  # type: ignore[override]
+    def put(self, user_key: bytes, value: bytes, ttl_ms: int | None = None) -> None:
         """Set the value, expiring ``ttl_ms`` (default: the slot's) from the backend's clock now."""
         expire_at = self.backend.config.clock_ms() + (self.ttl_ms if ttl_ms is None else ttl_ms)
         super().put(user_key, _I64.pack(expire_at) + bytes(value))

@@ -70,16 +70,15 @@ class TlsConfig:
     def pem_files(self) -> Iterator[tuple[str, str, str | None]]:
         """(cert, key, client CA or None) as paths of private temporary files, removed on exit (for APIs that take paths)."""
         with tempfile.TemporaryDirectory(prefix="clink-tls-") as folder:
-            paths = []
-            for name, pem in (("cert.pem", self.cert_chain_pem), ("key.pem", self.private_key_pem), ("ca.pem", self.client_ca_pem)):
-                if pem is None:
-                    paths.append(None)
-                    continue
+
+            def write(name: str, pem: bytes) -> str:
                 path = os.path.join(folder, name)
                 with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
                     fh.write(pem)
-                paths.append(path)
-            yield paths[0], paths[1], paths[2]
+                return path
+
+            cert, key = write("cert.pem", self.cert_chain_pem), write("key.pem", self.private_key_pem)
+            yield cert, key, None if self.client_ca_pem is None else write("ca.pem", self.client_ca_pem)
 
     def ssl_context(self) -> ssl.SSLContext:
         """A server-side SSLContext for the HTTP ports (TLS 1.2+)."""

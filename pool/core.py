@@ -61,7 +61,7 @@ def validate_job(job: object, max_bytes: int = 128) -> str:
     return job
 
 
-def _uint64s(values: Sequence[int]) -> np.ndarray:
+def _uint64s(values: Sequence[int] | np.ndarray) -> np.ndarray:
     """op_ids as a uint64 array (one numpy conversion); InvalidArgumentError naming the first that is not a uint64."""
     if isinstance(values, np.ndarray) and values.dtype == np.uint64:
         return values
@@ -98,7 +98,8 @@ class _released:  # noqa: N801 - used like the generator function it stands for
     """The chunks; the reservation goes when the stream ends, however it ends (read out, closed, or dropped unread)."""
 
     def __init__(self, chunks: Iterator[bytes], held: Holding) -> None:
-        self._chunks, self._held = chunks, held
+        self._chunks = chunks
+        self._held: Holding | None = held
 
     def __iter__(self) -> _released:
         return self
@@ -318,7 +319,7 @@ class PoolCore:
             )
 
     def multi_get_arrays(
-        self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str | None = None
+        self, job: str, checkpoint_id: int, op_ids: Sequence[int] | np.ndarray, keys: Sequence[bytes], manifest_etag: str | None = None
     ) -> tuple[np.ndarray, pa.Array, int]:
         """Point reads like multi_get, with the answers as arrays (found mask, binary values, b"" where not found), for encoding in bulk."""
         job = self._job(job)

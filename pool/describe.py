@@ -15,7 +15,13 @@ def manifest_summary(m: Manifest, with_files: bool = True) -> dict:
     parts = []
     for p in m.parts:
         paths = [x for layer in p.layers for x in layer]
-        part = {"kg_lo": p.kg_lo, "kg_hi": p.kg_hi, "epoch": p.epoch, "layers": len(p.layers), "bytes": sum(m.file(x).size for x in paths)}
+        part: dict[str, object] = {
+            "kg_lo": p.kg_lo,
+            "kg_hi": p.kg_hi,
+            "epoch": p.epoch,
+            "layers": len(p.layers),
+            "bytes": sum(m.file(x).size for x in paths),
+        }
         if with_files:
             part["layer_files"] = [list(layer) for layer in p.layers]
         parts.append(part)

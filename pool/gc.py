@@ -86,7 +86,7 @@ class GarbageCollector:
         recomputes everything from a fresh listing (deletes are idempotent).
         """
         scope = "" if job is None else job_prefix(self.context.job(job))
-        marker_key = job_gc_marker_key(job) if scope else GC_MARKER
+        marker_key = job_gc_marker_key(job) if job is not None else GC_MARKER
         result = GcResult(scope or "(whole store)", dry_run)
         now = self.context.now_ms()
         min_age = int(self.context.config.gc_min_age_s * 1000)

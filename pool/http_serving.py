@@ -9,8 +9,12 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from snapshot.errors import UnavailableError
+
+if TYPE_CHECKING:
+    from pool.auth import TlsConfig
 
 log = logging.getLogger("clink.pool.http")
 
@@ -121,14 +125,42 @@ class PoolHttpServer(ThreadingHTTPServer):
         log.info("connection from %s failed: %s", client_address[0], sys.exc_info()[1])
 
 
+_Server = TypeVar("_Server", bound=PoolHttpServer)
+
+
+@overload
 def serve_http(
     host: str,
     port: int,
     handler: type[BaseHTTPRequestHandler],
-    tls=None,
+    tls: TlsConfig | None = None,
+    name: str = "pool-http",
+    *,
+    configure: Callable[[PoolHttpServer], None] | None = None,
+) -> tuple[PoolHttpServer, threading.Thread]: ...
+
+
+@overload
+def serve_http(
+    host: str,
+    port: int,
+    handler: type[BaseHTTPRequestHandler],
+    tls: TlsConfig | None = None,
+    name: str = "pool-http",
+    *,
+    server_class: type[_Server],
+    configure: Callable[[_Server], None] | None = None,
+) -> tuple[_Server, threading.Thread]: ...
+
+
+def serve_http(
+    host: str,
+    port: int,
+    handler: type[BaseHTTPRequestHandler],
+    tls: TlsConfig | None = None,
     name: str = "pool-http",
     server_class: type[PoolHttpServer] = PoolHttpServer,
-    configure: Callable[[PoolHttpServer], None] | None = None,
+    configure: Callable[[Any], None] | None = None,
 ) -> tuple[PoolHttpServer, threading.Thread]:
     """Serve ``handler`` on host:port (0: a free port) from a background thread; HTTPS with a pool.auth.TlsConfig.
 

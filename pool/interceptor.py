@@ -150,10 +150,11 @@ class StatusInterceptor(grpc.ServerInterceptor):
         if lane == OPEN_LANE:
             if full == HEALTH_WATCH and self.admission is not None and handler.unary_stream is not None:
                 try:
-                    ticket = self.admission.watch(handler.unary_stream)
+                    watch = self.admission.watch(handler.unary_stream)
                 except ClinkError as exc:
                     return self._refusal(method, exc)
-                return handler._replace(unary_stream=tag(ticket.watched, ticket))
+                assert watch.watched is not None  # Admission.watch sets it
+                return handler._replace(unary_stream=tag(watch.watched, watch))
             return _tagged(handler, Ticket(OPEN_LANE, None, None))
         try:
             grant = self.admit(handler_call_details) if self.admit is not None else None

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from pool.http_serving import PoolHttpServer
 
 # Latency buckets from 0.5 ms (a cached Get) to 60 s (a large commit or scan).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -34,7 +38,7 @@ class _CoreStatsCollector(Collector):
     def __init__(self, stats: Callable[[], Mapping[str, float]]) -> None:
         self._stats = stats
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         values = self._stats()
         for key, (name, help_text) in CORE_COUNTERS.items():
             if key in values:
@@ -57,7 +61,7 @@ class PoolMetrics:
         )
         self.bytes_in = Counter("clink_pool_received_bytes", "Serialized request bytes by method", ["method"], registry=self.registry)
         self.bytes_out = Counter("clink_pool_sent_bytes", "Serialized response bytes by method", ["method"], registry=self.registry)
-        self._http: object | None = None
+        self._http: PoolHttpServer | None = None
         self._http_thread: threading.Thread | None = None
         self.http_port: int | None = None
 
@@ -109,8 +113,8 @@ class PoolMetrics:
 
     def close(self) -> None:
         """Stop the HTTP endpoint if it runs."""
-        if self._http is not None:
+        if self._http is not None and self._http_thread is not None:
             from pool.http_serving import stop_http
 
-            stop_http(self._http, self._http_thread)  # type: ignore[arg-type]
+            stop_http(self._http, self._http_thread)
             self._http = None

@@ -239,6 +239,7 @@ class CommitProtocol:
             except ConflictError:
                 part = self._repeat(job, key, kg, cid, delta_sha)
                 repeated, written = True, 0  # what this attempt uploaded is garbage (GC): the earlier attempt's part stands
+        assert part is not None  # _repeat without missing_ok or epoch returns the part or raises
         listing = self._listing(job, cid)
         table, _ = self.fencing.read(job)  # read after the part landed and after the listing (I1, I2)
         # a part is never deleted on its own: a completer that read the table before the fence may be including it

@@ -41,6 +41,7 @@ class Restorer:
         if savepoint is not None:
             _, manifest, folder = self.context.open_savepoint(savepoint, src_store)
         else:
+            assert job is not None  # exactly one source, checked above
             _, manifest, folder = self.context.open_checkpoint(job, checkpoint_id, src_store)
         if next(iter(self.context.store.list(job_prefix(new_job))), None) is not None:
             raise ConflictError(f"job {new_job} already exists in {self.context.store.uri}; restore only creates new jobs")

@@ -66,7 +66,8 @@ class Retention:
             left_behind = [c for c in sorted(max_epochs) if table.abandons(c, max_epochs[c])]
             # the newest keep_last of the current attempt, and every checkpoint a live writer restored from (a rewound job's base)
             keep_ids = set(current[-keep:]) | {w.base for w in table.writers if w.base is not None}
-            delete, pinned = set(), set()
+            delete: set[int] = set()
+            pinned: set[int] = set()
             for cid in current:
                 if cid not in keep_ids:
                     (pinned if cid in held else delete).add(cid)
@@ -106,8 +107,7 @@ class Retention:
                         delete = {c for c in delete if c < cid}
                         break
         keep_ids, pinned = plan.get("keep", set()), plan.get("pinned", set())
-        delete = sorted(delete)
-        return RetentionResult(job, tuple(delete), tuple(sorted(keep_ids)), tuple(sorted(pinned)), dry_run)
+        return RetentionResult(job, tuple(sorted(delete)), tuple(sorted(keep_ids)), tuple(sorted(pinned)), dry_run)
 
     def _pinned_meanwhile(self, job: str, chosen: set[int], now: int) -> set[int]:
         """Checkpoints among ``chosen`` a pin took after the decision (a pin checks the announcement after it is written)."""

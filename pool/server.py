@@ -6,6 +6,7 @@ import logging
 import signal
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -23,6 +24,9 @@ from pool.servicer import SERVICE_NAME, RemotePoolServicer, add_to_server
 from snapshot.errors import InvalidArgumentError, UnavailableError
 from store.objects import ObjectStore, StoreConfig, open_store
 from store.retry import RetryingStore, StoreRetryConfig
+
+if TYPE_CHECKING:
+    from pool.http_export import HttpExport
 
 log = logging.getLogger("clink.pool")
 
@@ -97,7 +101,7 @@ class PoolServer:
         self._stopped = threading.Event()
         self._done = threading.Event()
         self.port: int | None = None
-        self.http_export = None
+        self.http_export: HttpExport | None = None
 
     def _core_stats(self) -> dict[str, float]:
         stats = getattr(self.core, "stats", None)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from snapshot import SnapshotArrowWriter
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 
 class _PieceSink:
@@ -17,8 +21,8 @@ class _PieceSink:
     def __init__(self) -> None:
         self.pieces: list[pa.Buffer] = []
 
-    def write(self, data: object) -> int:
-        piece = data if isinstance(data, pa.Buffer) else pa.py_buffer(bytes(data))  # type: ignore[call-overload]
+    def write(self, data: ReadableBuffer) -> int:
+        piece = data if isinstance(data, pa.Buffer) else pa.py_buffer(bytes(data))
         self.pieces.append(piece)
         return piece.size
 

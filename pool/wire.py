@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -22,16 +23,25 @@ def key_group_range_from_pb(message: pb.KeyGroupRange) -> KeyGroupRange:
     return KeyGroupRange(lo=message.lo, hi=message.hi)
 
 
-def optional_key_group_range_from_pb(holder: object) -> KeyGroupRange | None:
+class KeyGroupsHolder(Protocol):
+    """A message with a key_groups field (AcquireWriterRequest, CommitHeader, ScanCheckpointRequest, ...)."""
+
+    @property
+    def key_groups(self) -> pb.KeyGroupRange: ...
+
+    def HasField(self, field_name: str) -> bool: ...  # noqa: N802 - protobuf's name
+
+
+def optional_key_group_range_from_pb(holder: KeyGroupsHolder) -> KeyGroupRange | None:
     """The key_groups field of a request, None when it is not set (every key group)."""
-    return key_group_range_from_pb(holder.key_groups) if holder.HasField("key_groups") else None  # type: ignore[attr-defined]
+    return key_group_range_from_pb(holder.key_groups) if holder.HasField("key_groups") else None
 
 
-def required_key_group_range_from_pb(holder: object, what: str) -> KeyGroupRange:
+def required_key_group_range_from_pb(holder: KeyGroupsHolder, what: str) -> KeyGroupRange:
     """The key_groups field of a request that must carry one; InvalidArgumentError naming ``what`` otherwise."""
-    if not holder.HasField("key_groups"):  # type: ignore[attr-defined]
+    if not holder.HasField("key_groups"):
         raise InvalidArgumentError(f"{what}: key_groups is required (an inclusive range within 0..127)")
-    return key_group_range_from_pb(holder.key_groups)  # type: ignore[attr-defined]
+    return key_group_range_from_pb(holder.key_groups)
 
 
 def checkpoint_info_to_pb(info: CheckpointInfo) -> pb.CheckpointInfo:

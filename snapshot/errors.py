@@ -11,6 +11,8 @@ T = TypeVar("T")
 class ClinkError(Exception):
     """Root of every error the tier raises on purpose."""
 
+    grpc_code_name: str  # declared only: set on an error rebuilt from a gRPC status (client.errors), for logs and exit codes
+
 
 class InvalidArgumentError(ClinkError, ValueError):
     """The caller passed something malformed; nothing was changed."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +31,9 @@ CANONICAL_FIELDS = [
 CANONICAL_SCHEMA = pa.schema(CANONICAL_FIELDS)
 CHANGELOG_SCHEMA = pa.schema([pa.field("row_kind", pa.uint8(), nullable=False), *CANONICAL_FIELDS])
 
-Bytesish = bytes | bytearray | memoryview | pa.Buffer
+Bytesish: TypeAlias = bytes | bytearray | memoryview | pa.Buffer
+# keys and values as bytes or str (encoded as UTF-8); one union member per key type, since a Mapping is invariant in its keys
+ExtraMetadata: TypeAlias = Mapping[bytes, bytes | str] | Mapping[str, bytes | str] | Mapping[bytes | str, bytes | str]
 
 
 def empty_table(changelog: bool = False) -> pa.Table:
@@ -38,7 +41,7 @@ def empty_table(changelog: bool = False) -> pa.Table:
     return (CHANGELOG_SCHEMA if changelog else CANONICAL_SCHEMA).empty_table()
 
 
-def _metadata(state_versions: StateVersionMap | None, extra: Mapping[bytes | str, bytes | str] | None) -> dict[bytes, bytes]:
+def _metadata(state_versions: StateVersionMap | None, extra: ExtraMetadata | None) -> dict[bytes, bytes]:
     meta: dict[bytes, bytes] = {}
     for key, value in (extra or {}).items():
         k = key.encode() if isinstance(key, str) else bytes(key)
@@ -78,7 +81,7 @@ class SnapshotArrowWriter:
     def __init__(
         self,
         state_versions: StateVersionMap | None = None,
-        extra_metadata: Mapping[bytes | str, bytes | str] | None = None,
+        extra_metadata: ExtraMetadata | None = None,
         changelog: bool = False,
     ) -> None:
         self.changelog = changelog
@@ -120,7 +123,7 @@ class SnapshotArrowWriter:
 def write_snapshot(
     table: pa.Table,
     state_versions: StateVersionMap | None = None,
-    extra_metadata: Mapping[bytes | str, bytes | str] | None = None,
+    extra_metadata: ExtraMetadata | None = None,
     changelog: bool = False,
 ) -> bytes:
     """Shorthand for ``SnapshotArrowWriter(...).write(table)``."""

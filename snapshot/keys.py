@@ -41,8 +41,11 @@ def operator_id(uid: str) -> int:
 
 def check_key_group_range(lo: object, hi: object, refuse_bools: bool = False) -> tuple[int, int]:
     """An inclusive key-group range (lo, hi) as given, or InvalidArgumentError unless they are ints with 0 <= lo <= hi <= 127."""
-    ints = isinstance(lo, int) and isinstance(hi, int) and not (refuse_bools and (isinstance(lo, bool) or isinstance(hi, bool)))
-    if not (ints and 0 <= lo <= hi < NUM_KEY_GROUPS):
+    if (
+        not (isinstance(lo, int) and isinstance(hi, int))
+        or (refuse_bools and (isinstance(lo, bool) or isinstance(hi, bool)))
+        or not 0 <= lo <= hi < NUM_KEY_GROUPS
+    ):
         raise InvalidArgumentError(f"key-group range {lo}-{hi} must satisfy 0 <= lo <= hi <= {NUM_KEY_GROUPS - 1}")
     return lo, hi
 

@@ -6,11 +6,15 @@ import io
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyarrow import ipc
 
 from snapshot.errors import CorruptSnapshotError, LimitExceededError
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 # Message.header_type values of the Arrow IPC flatbuffer schema (Message.fbs)
 _HEADER_SCHEMA, _HEADER_DICTIONARY, _HEADER_RECORD_BATCH = 1, 2, 3
@@ -180,11 +184,12 @@ class _CheckedFeed(io.RawIOBase):
             self._tally.add(message)
         self._pending = memoryview(message.serialize()).cast("B")
 
-    def readinto(self, out: bytearray | memoryview) -> int:
+    def readinto(self, out: WriteableBuffer) -> int:
+        view = memoryview(out).cast("B")
         while not self._pending and not self._done:
             self._refill()
-        n = min(len(out), len(self._pending))
-        out[:n] = self._pending[:n]
+        n = min(len(view), len(self._pending))
+        view[:n] = self._pending[:n]
         self._pending = self._pending[n:]
         return n
 

@@ -70,6 +70,12 @@ def _keyed_segments(entry: DataFile) -> tuple[list[Segment], np.ndarray, np.ndar
     return segs, np.fromiter((s.kg_lo for s in segs), np.int64, len(segs)), np.fromiter((s.kg_hi for s in segs), np.int64, len(segs))
 
 
+def _dated(entry: DataFile) -> int:
+    """The as_of of a file written since as_of exists (``_recent_operator_rows`` is given only those)."""
+    assert entry.as_of is not None, entry.path
+    return entry.as_of
+
+
 class CheckpointReader:
     """Reads one job's checkpoints from any ObjectStore; pool-independent so the CLI can open file:// and s3:// alike."""
 
@@ -231,7 +237,7 @@ class CheckpointReader:
                 if keep:
                     self.cache.put((self.store.uri, self.job, entry.path, seg.offset), table)
                 out[i] = table
-        return out  # type: ignore[return-value]
+        return out  # every None was filled in above
 
     def _get_file(self, key: str, entry: DataFile) -> bytes:
         try:
@@ -364,13 +370,13 @@ class CheckpointReader:
         the format's rule: their puts merged (lowest key groups first), an erase applies where no subtask put the key.
         """
         bases = [e for e in entries if not e.changelog]
-        start = max((e.as_of for e in bases), default=None)
+        start = max((_dated(e) for e in bases), default=None)
         acc = start_table if start_table is not None else empty_table()
         if start is not None:
             newest = next(e for e in bases if e.as_of == start)  # bases of one checkpoint hold the same operator view
             rows = self._operator_rows(newest)
             acc = rows if rows is not None else acc
-        deltas = [e for e in entries if e.changelog and (start is None or e.as_of > start) and any(s.operator for s in e.segments)]
+        deltas = [e for e in entries if e.changelog and (start is None or _dated(e) > start) and any(s.operator for s in e.segments)]
         deltas.sort(key=lambda e: (e.as_of, e.kg_lo))
         for _, same in itertools.groupby(deltas, key=lambda e: e.as_of):
             tables = [t for t in (self._operator_rows(e) for e in same) if t is not None]

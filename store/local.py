@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import fcntl
 import os
 import threading
@@ -234,7 +235,7 @@ class FileStore(ObjectStore):
         found.sort(key=lambda info: info.key.encode())
         yield from found
 
-    def list_prefixes(self, prefix: str = "") -> list[str]:
+    def list_prefixes(self, prefix: str = "") -> builtins.list[str]:
         """Directories right under ``prefix`` that hold at least one object name (a directory scan, not a walk)."""
         validate_prefix(prefix)
         if prefix and not prefix.endswith("/"):

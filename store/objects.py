@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -166,14 +167,15 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Remove the object; deleting a missing key is not an error."""
 
-    def list_prefixes(self, prefix: str = "") -> list[str]:
+    # builtins.list in annotations below: in a class body ``list`` is the method above
+    def list_prefixes(self, prefix: str = "") -> builtins.list[str]:
         """Names of the 'folders' right under ``prefix`` (which is '' or ends with '/'), sorted, without listing their contents."""
         validate_prefix(prefix)
         if prefix and not prefix.endswith("/"):
             raise InvalidArgumentError(f"prefix {prefix!r} must be empty or end with '/'")
         return sorted({info.key[len(prefix) :].split("/", 1)[0] for info in self.list(prefix) if "/" in info.key[len(prefix) :]})
 
-    def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    def get_ranges(self, key: str, ranges: builtins.list[tuple[int, int]]) -> builtins.list[bytes]:
         """Several (start, length) slices of one object, fetched with as few GETs as the coalescing gap allows."""
         if not ranges:
             return []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -227,7 +228,7 @@ class S3Store(ObjectStore):
                         _strip(obj.get("ETag", "")),
                     )
 
-    def list_prefixes(self, prefix: str = "") -> list[str]:
+    def list_prefixes(self, prefix: str = "") -> builtins.list[str]:
         """Common prefixes right under ``prefix`` (a delimiter listing: their contents are not listed)."""
         validate_prefix(prefix)
         if prefix and not prefix.endswith("/"):

@@ -364,6 +364,7 @@ class CommandLine(click.Group):
 
     command_modules: tuple[str, ...] = ()
     _loaded = False
+    _last_ctx: click.Context | None  # the context of the last invocation (set by make_context), for the error handler
 
     def _load_commands(self) -> None:
         if self._loaded:

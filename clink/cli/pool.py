@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 
@@ -24,6 +25,9 @@ from clink.cli.common import (
     store_config,
 )
 from snapshot.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from pool.lifecycle import LifecycleConfig
 
 DEFAULT_STORE = "file://./pool-data"
 
@@ -309,7 +313,7 @@ def serve(
         raise InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key")
     config = replace(
         config,
-        tls=TlsConfig.from_files(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
+        tls=TlsConfig.from_files(tls_cert, tls_key, tls_client_ca) if tls_cert and tls_key else None,
         tokens=TokenTable.from_file(token_file) if token_file else None,
         admission=AdmissionConfig(
             max_calls=max_concurrent_rpcs, max_calls_per_token=max_rpcs_per_token or None, idle_s=call_idle, max_call_s=call_max
@@ -344,16 +348,17 @@ def serve(
     logging.getLogger("clink.pool").info("exiting after %.0fs", time.monotonic() - started)
 
 
-def lifecycle_config(gc_min_age_s: float | None = None, compact_max_layers: int | None = None, compact_max_delta_mb: int | None = None):
+def lifecycle_config(
+    gc_min_age_s: float | None = None, compact_max_layers: int | None = None, compact_max_delta_mb: int | None = None
+) -> LifecycleConfig:
     """The server's LifecycleConfig from the serve flags; a flag left out keeps the dataclass default."""
     from pool.lifecycle import LifecycleConfig
 
-    given = {
-        "gc_min_age_s": gc_min_age_s,
-        "compact_max_layers": compact_max_layers,
-        "compact_max_delta_bytes": None if compact_max_delta_mb is None else compact_max_delta_mb << 20,
-    }
-    return LifecycleConfig(**{name: value for name, value in given.items() if value is not None})
+    return LifecycleConfig(
+        gc_min_age_s=LifecycleConfig.gc_min_age_s if gc_min_age_s is None else gc_min_age_s,
+        compact_max_layers=LifecycleConfig.compact_max_layers if compact_max_layers is None else compact_max_layers,
+        compact_max_delta_bytes=LifecycleConfig.compact_max_delta_bytes if compact_max_delta_mb is None else compact_max_delta_mb << 20,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import pyarrow as pa
@@ -30,6 +31,9 @@ from clink.cli.common import (
     shared_value,
 )
 from snapshot import InvalidArgumentError, NotFoundError, SnapshotArrowWriter
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 SOURCES_HELP = """\b
 SRC may be:
@@ -271,14 +275,15 @@ def state_cat(ctx, src, limit, slots, width, key_groups, ops):
     from rich.table import Table
 
     out = Table(title=f"{source.label}: {total} entr{'y' if total == 1 else 'ies'}", title_justify="left", show_lines=False)
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("operator", "left"),
         ("kg", "right"),
         ("slot", "left"),
         ("user key", "left"),
         ("size", "right"),
         ("value", "left"),
-    ):
+    )
+    for name, justify in columns:
         out.add_column(name, justify=justify, overflow="fold")
     previews = preview(value_text, width).to_pylist()
     for op, kind, kg, slot, key, size, value in zip(

@@ -102,7 +102,7 @@ def _concat(parts: list[pa.Array], type_: pa.DataType) -> pa.ChunkedArray:
 # --- key decoding -----------------------------------------------------------------------------------------
 
 
-def _decode_chunk(keys: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
+def _decode_chunk(keys: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array, pa.Array]:
     n = len(keys)
     offsets, data = _buffers(keys)
     starts, ends = offsets[:-1], offsets[1:]

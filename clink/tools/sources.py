@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
@@ -27,6 +28,9 @@ from snapshot import (
 from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError, error_class_named, prefixed, rebuilt
 from snapshot.format import FORMAT_VERSION
 from store.layout import SAVEPOINT_MANIFEST, StateFolder, find_state_folder, parse_checkpoint_dir
+
+if TYPE_CHECKING:
+    import ssl
 
 METADATA_FILE = SAVEPOINT_MANIFEST
 KeyGroups = tuple[int, int]
@@ -382,7 +386,7 @@ def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
             else ssl.create_default_context()
         )
         if config.pool_tls_client_cert and config.pool_tls_client_key:
-            _load_client_cert(context, config)
+            _load_client_cert(context, config.pool_tls_client_cert, config.pool_tls_client_key)
     try:
         with _opener(config, context).open(urllib.request.Request(ref.spec, headers=headers), timeout=config.pool_timeout_s) as resp:
             return resp.read()
@@ -395,13 +399,13 @@ def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
         raise UnavailableError(f"{ref.spec}: cannot fetch: {reason}") from None
 
 
-def _load_client_cert(context, config: SourceConfig) -> None:
+def _load_client_cert(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
     import os
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="clink-tls-") as folder:
         cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
-        for path, pem in ((cert, config.pool_tls_client_cert), (key, config.pool_tls_client_key)):
+        for path, pem in ((cert, cert_pem), (key, key_pem)):
             with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
                 fh.write(pem)
         context.load_cert_chain(cert, key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +13,18 @@ from clink.tools.projections import decode_keys, render_bytes
 from snapshot import composite_keys
 
 CHANGES = ("added", "removed", "changed")
+
+
+class RenderedEntry(TypedDict):
+    """One differing entry, keys and values rendered as text (a value None where that side lacks the entry)."""
+
+    op_id: int
+    slot: str
+    key_group: int | None
+    change: str
+    user_key: str
+    value_a: str | None
+    value_b: str | None
 
 
 @dataclass(frozen=True)
@@ -90,7 +103,7 @@ def _summary(entries: pa.Table) -> pa.Table:
     return grouped.take(pc.sort_indices(grouped, sort_keys=[("op_id", "ascending"), ("slot", "ascending")]))
 
 
-def rendered_entries(diff: StateDiff, limit: int | None) -> list[dict[str, object]]:
+def rendered_entries(diff: StateDiff, limit: int | None) -> list[RenderedEntry]:
     """The first ``limit`` differing entries (all when None) as plain dicts with rendered keys and values."""
     entries = diff.entries if limit is None else diff.entries.slice(0, limit)
     if entries.num_rows == 0:

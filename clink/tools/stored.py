@@ -16,6 +16,7 @@ from store.views import SavepointView
 def _open(ref: SourceRef, store: ObjectStore) -> tuple[ObjectStore, str, int]:
     """(store, job, checkpoint id) to read: the checkpoint itself, or a savepoint through its view."""
     if ref.kind != "savepoint":
+        assert ref.checkpoint_id is not None, ref  # a checkpoint path names its id (sources._layout)
         return store, ref.job, ref.checkpoint_id
     from store.manifest import parse_manifest
 
