@@ -429,7 +429,7 @@ def _console_script() -> list[str]:
 
 def test_console_script_subprocess_exit_codes(snap, tmp_path: Path) -> None:
     path, table = snap
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     ok = subprocess.run(
         [*_console_script(), "state-cat", str(path), "-o", "json", "--limit", "2"], capture_output=True, text=True, env=env, timeout=120
     )

@@ -31,7 +31,7 @@ from clink.cli.pool import cli as pool_cli
 from clink.cli.state import cli as state_cli
 from tests.cli_fixtures import commit_checkpoints, generated_table, rows_of
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 JOB = "orders"
 MOTO_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 

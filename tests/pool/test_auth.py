@@ -322,7 +322,7 @@ def test_clink_pool_serve_with_tls_and_token_flags(tmp_path, pki):
     ]
     proc = subprocess.Popen(
         cmd,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -348,7 +348,7 @@ def test_clink_pool_serve_with_tls_and_token_flags(tmp_path, pki):
         proc.wait(10)
     bad = subprocess.run(
         [*cmd[:8], "--tls-cert", str(paths["server_cert_pem"])],
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,
         timeout=30,
@@ -455,7 +455,7 @@ def test_clink_pool_serve_ready_line_names_https_urls_under_tls(tmp_path, pki):
     ]
     proc = subprocess.Popen(
         cmd,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

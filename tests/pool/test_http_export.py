@@ -124,7 +124,7 @@ def test_corrupt_data_is_a_typed_502_line_and_the_server_stays_up(served) -> Non
 
 def test_concurrent_readers_each_get_the_whole_stream(served) -> None:
     export, _, _, t2 = served
-    results: list[object] = [None] * 4  # the export's default limit of concurrent streams (more get 503: tests/test_abuse.py)
+    results: list[object] = [None] * 4  # the export's default limit of concurrent streams (more get 503: tests/system/test_abuse.py)
 
     def fetch(i: int) -> None:
         try:

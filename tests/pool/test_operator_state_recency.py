@@ -7,7 +7,6 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pool_core_helpers import OP_IDS, commit, keyed, keys_in_range, op_key, scan_dict
 
 import snapshot as s
 from pool.core import PoolCore
@@ -16,6 +15,7 @@ from pool.lifecycle import Lifecycle, LifecycleConfig
 from store.checkpoint import CheckpointReader
 from store.local import FileStore
 from store.segment_cache import SegmentCache
+from tests.pool_core_helpers import OP_IDS, commit, keyed, keys_in_range, op_key, scan_dict
 
 A, B = KeyGroupRange(0, 63), KeyGroupRange(64, 127)
 QUARTERS = [KeyGroupRange(0, 31), KeyGroupRange(32, 63), KeyGroupRange(64, 95), KeyGroupRange(96, 127)]

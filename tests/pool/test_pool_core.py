@@ -7,7 +7,12 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pool_core_helpers import (
+
+import snapshot as s
+from pool.core import PoolCore
+from pool.domain import CommitRequest, KeyGroupRange, PoolConfig
+from snapshot.errors import NotFoundError
+from tests.pool_core_helpers import (
     OP_IDS,
     OPERATORS,
     apply,
@@ -19,11 +24,6 @@ from pool_core_helpers import (
     random_delta,
     scan_dict,
 )
-
-import snapshot as s
-from pool.core import PoolCore
-from pool.domain import CommitRequest, KeyGroupRange, PoolConfig
-from snapshot.errors import NotFoundError
 
 FULL = KeyGroupRange(0, 127)
 # tiny segments so every file has several and ranged, coalesced reads are exercised
@@ -112,7 +112,7 @@ def test_scan_overlays_a_delta_and_filters_it(file_store):
     a, b = keys_in_range(0, 63, 2)
     far = keys_in_range(64, 127, 1)[0]
     commit(core, "j", 1, 0, FULL, epoch, [(s.ROW_PUT, op, keyed(a), b"a"), (s.ROW_PUT, op, keyed(b), b"b")])
-    from pool_core_helpers import changelog
+    from tests.pool_core_helpers import changelog
 
     hot = changelog([(s.ROW_ERASE, op, keyed(a), b""), (s.ROW_PUT, op, keyed(far), b"far"), (s.ROW_PUT, op, op_key("z"), b"z")])
     got = scan_dict(core, "j", 1, KeyGroupRange(0, 63), delta=hot)

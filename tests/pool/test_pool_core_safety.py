@@ -6,7 +6,6 @@ import threading
 
 import pyarrow as pa
 import pytest
-from pool_core_helpers import OP_IDS, OPERATOR_PAIRS, changelog, commit, keyed, keys_in_range, op_key, scan_dict
 
 import snapshot as s
 from pool.core import PoolCore, validate_job
@@ -14,6 +13,7 @@ from pool.domain import CommitRequest, KeyGroupRange, PoolConfig
 from snapshot.errors import ChecksumMismatchError, ConflictError, CorruptDataError, FencedError, InvalidArgumentError, NotFoundError
 from store.local import FileStore
 from store.manifest import metadata_key
+from tests.pool_core_helpers import OP_IDS, OPERATOR_PAIRS, changelog, commit, keyed, keys_in_range, op_key, scan_dict
 
 FULL = KeyGroupRange(0, 127)
 LOW, HIGH = KeyGroupRange(0, 63), KeyGroupRange(64, 127)

@@ -4,7 +4,7 @@ One seed gives one history: subtasks on random uneven ranges write keyed and ope
 deltas, empty ones), checkpoint round by round, read, rescale, rewind to an older checkpoint (reusing its ids), compact,
 delete, apply retention, pin and collect garbage with a zero minimum age. After every step every checkpoint of the
 current attempt scans as the model says, and every backend exports exactly its model. `bench/histories.py --seeds N`
-runs many seeds; tests/test_random_histories.py runs a few in CI.
+runs many seeds; tests/protocol/test_random_histories.py runs a few in CI.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from client.pool_client import PoolClient, PoolClientConfig, RetryPolicy
 from pool.lifecycle import Lifecycle, LifecycleConfig
 from store.local import FileStore
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OPS = (s.operator_id("counter"), s.operator_id("window"))
 USERS = [f"u{i}".encode() for i in range(24)]
 NAMES = [f"offset-{i}".encode() for i in range(3)]

@@ -67,7 +67,7 @@ def test_the_simulation_kills_the_mutant(name: str) -> None:
     start, seeds = SIM_KILLS[name]
     run = subprocess.run(
         [sys.executable, "bench/simulate.py", "--start", str(start), "--seeds", str(seeds), "--jobs", "2", "--mutant", name],
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
         env=env,
         capture_output=True,
         text=True,

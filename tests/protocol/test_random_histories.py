@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.histories import History, ServePool
+from tests.protocol.histories import History, ServePool
 
 # CI runs these seeds; CLINK_HISTORY_SEEDS=100-199 (or bench/histories.py) runs others
 SEEDS = os.environ.get("CLINK_HISTORY_SEEDS", "0-5")

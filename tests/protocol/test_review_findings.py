@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FINDINGS = {
     "review_restore_job_epoch_reuse": "restoring into a reused job name gave the new life the old life's epochs (I2)",
     "review_s3_aba_restore_from_deleted": "on S3 the writers table came back to the same bytes and ETag, so a restore acquired from a deleted checkpoint (I3)",

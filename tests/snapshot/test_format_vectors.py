@@ -17,7 +17,7 @@ from snapshot import (
 )
 
 VECTORS = (
-    Path(__file__).resolve().parents[1] / "format-vectors"
+    Path(__file__).resolve().parents[2] / "format-vectors"
 )  # a copy of ../shared/format-vectors (test_format_vectors checks they agree)
 EXPECTED = json.loads((VECTORS / "expected.json").read_text())
 SNAPSHOTS = EXPECTED["snapshots"]
@@ -264,7 +264,7 @@ def test_merge_vector_offset_rule_is_order_independent() -> None:
     assert len(offsets) == 1 and offsets[0][2] == (900).to_bytes(8, "little").hex()
 
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "format-vectors"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "format-vectors"
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="no ../shared checkout next to this clone: the in-repo copy is the reference")

@@ -1,6 +1,6 @@
 """The object-store contract (as zarr's StoreTests): subclass StoreContract and give a `store` fixture of a fresh empty store.
 
-Every ObjectStore implementation runs it: tests/test_store_contract.py holds the file store, the in-memory store, S3 on
+Every ObjectStore implementation runs it: tests/store/test_store_contract.py holds the file store, the in-memory store, S3 on
 moto, SeaweedFS and the retrying wrapper.
 """
 

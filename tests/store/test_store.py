@@ -1,4 +1,4 @@
-"""Tests of particular stores and store helpers (the contract every store passes is tests/store_contract.py)."""
+"""Tests of particular stores and store helpers (the contract every store passes is tests/store/store_contract.py)."""
 
 from __future__ import annotations
 

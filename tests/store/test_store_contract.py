@@ -1,4 +1,4 @@
-"""Every ObjectStore implementation runs the one contract (tests/store_contract.py): file, memory, S3 on moto, SeaweedFS, retrying."""
+"""Every ObjectStore implementation runs the one contract (tests/store/store_contract.py): file, memory, S3 on moto, SeaweedFS, retrying."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from store.local import FileStore
 from store.memory import MemoryStore
 from store.retry import RetryingStore, StoreRetryConfig
-from tests.store_contract import StoreContract
+from tests.store.store_contract import StoreContract
 
 
 class TestFileStore(StoreContract):
@@ -42,7 +42,7 @@ class TestS3StoreOnSeaweedFS(StoreContract):
 
 
 class TestRetryingStore(StoreContract):
-    """The wrapper over a store that never fails must behave exactly like the store (tests/test_faults.py covers failures)."""
+    """The wrapper over a store that never fails must behave exactly like the store (tests/store/test_faults.py covers failures)."""
 
     @pytest.fixture
     def store(self, tmp_path):

@@ -10,7 +10,6 @@ import pyarrow.ipc as ipc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pool_core_helpers import OP_IDS, commit, keyed, op_key, scan_dict
 
 import snapshot as s
 from pool.core import PoolCore
@@ -22,6 +21,7 @@ from store.datafile import KIND_DELTA, decode_segment, encode_datafile, sort_for
 from store.key_index import KeyIndex, hash_keys
 from store.manifest import metadata_key, parse_manifest
 from store.segment_cache import SegmentCache
+from tests.pool_core_helpers import OP_IDS, commit, keyed, op_key, scan_dict
 
 SRC = OP_IDS["source"]
 

@@ -30,7 +30,7 @@ from protos import remote_pool_pb2_grpc as pb_grpc
 from snapshot.format import CANONICAL_SCHEMA, CHANGELOG_SCHEMA, write_snapshot
 from tests.security_fixtures import TOKENS_TEXT, make_pki
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HONEST_DEADLINE_S = 2.0
 IDLE_S = 2.0  # the pool's --call-idle in these tests
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the pool's RSS from /proc")

@@ -20,7 +20,7 @@ import snapshot
 from store.objects import ObjectStore
 from tests.pool_server_fixtures import OPS, RawPool, apply, changelog_bytes, keyed_keys_in, random_delta
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 30
 RANGES = ((0, 31), (32, 63), (64, 95), (96, 127))
 
