@@ -18,7 +18,7 @@ import pytest
 import snapshot as s
 from clink.cli.common import EXIT_DATA, EXIT_DENIED, EXIT_UNAVAILABLE
 from tests.cli_fixtures import generated_table, one_line_error, run
-from tests.security_fixtures import make_pki
+from tests.security_fixtures import make_pki, zstd_bomb
 
 TOKEN = "tok-secret-123"
 
@@ -161,8 +161,6 @@ def test_out_refuses_what_it_should_not_replace(stream, tmp_path):
 
 def test_state_cat_refuses_a_decompression_bomb_without_inflating_it(tmp_path):
     import resource
-
-    from tests.test_abuse import zstd_bomb
 
     bomb = tmp_path / "bomb.arrow"
     bomb.write_bytes(zstd_bomb(1 << 30))  # 1 GiB of zeros in ~33 KB

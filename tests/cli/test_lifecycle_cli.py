@@ -13,7 +13,7 @@ from clink.cli.pool import cli
 from pool.core import PoolCore
 from pool.lifecycle import Lifecycle
 from store.local import FileStore
-from tests.test_lifecycle import build_job, scan_checkpoint, scan_savepoint
+from tests.lifecycle_helpers import build_job, scan_checkpoint, scan_savepoint
 
 
 def run(*args: str, code: int = 0, env: dict | None = None) -> dict | str:

@@ -20,7 +20,7 @@ from snapshot.errors import UnavailableError
 from store.local import FileStore
 from store.manifest import job_prefix
 from tests.crash_fixtures import REPO, PoolProcess
-from tests.test_lifecycle import build_job
+from tests.lifecycle_helpers import build_job
 
 
 def _serve_config(monkeypatch, *flags: str):

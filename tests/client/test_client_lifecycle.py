@@ -14,7 +14,7 @@ from pool.core import PoolCore
 from pool.lifecycle import Lifecycle, LifecycleConfig
 from pool.server import PoolServer, PoolServerConfig
 from tests.client_fixtures import free_port
-from tests.test_lifecycle import build_job, scan_savepoint, table_dict
+from tests.lifecycle_helpers import build_job, scan_savepoint, table_dict
 
 JOB = "j"
 

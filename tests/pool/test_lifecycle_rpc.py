@@ -12,7 +12,7 @@ from pool.core import PoolCore
 from pool.server import PoolServer, PoolServerConfig
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
-from tests.test_lifecycle import build_job, scan_savepoint
+from tests.lifecycle_helpers import build_job, scan_savepoint
 
 
 def table_of(chunks) -> dict:

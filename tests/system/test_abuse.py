@@ -27,8 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client.pool_client import PoolClient, PoolClientConfig, RetryPolicy
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
-from snapshot.format import CANONICAL_SCHEMA, CHANGELOG_SCHEMA, write_snapshot
-from tests.security_fixtures import TOKENS_TEXT, make_pki
+from snapshot.format import CHANGELOG_SCHEMA, write_snapshot
+from tests.security_fixtures import TOKENS_TEXT, make_pki, zstd_bomb
 
 ROOT = Path(__file__).resolve().parents[2]
 HONEST_DEADLINE_S = 2.0
@@ -276,20 +276,6 @@ def test_tokenless_requests_are_refused_before_they_are_read(pool):
         attack(pool, 150, run)
     finally:
         channel.close()
-
-
-def zstd_bomb(decoded_bytes: int, changelog: bool = False) -> bytes:
-    schema = CHANGELOG_SCHEMA if changelog else CANONICAL_SCHEMA
-    cols = [pa.array([7], pa.uint64()), pa.array([b"\x05bomb"]), pa.array([b"\x00" * decoded_bytes])]
-    if changelog:
-        cols.insert(0, pa.array([1], pa.int8()))
-    meta = dict(
-        ipc.open_stream(write_snapshot(pa.table([c.slice(0, 0) for c in cols], schema=schema), changelog=changelog)).schema.metadata
-    )
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, schema.with_metadata(meta), options=ipc.IpcWriteOptions(compression="zstd")) as w:
-        w.write_batch(pa.record_batch(cols, schema=schema))
-    return sink.getvalue().to_pybytes()
 
 
 def test_a_compressed_scan_delta_is_refused_before_it_is_decompressed(pool):
