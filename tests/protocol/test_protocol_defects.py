@@ -17,6 +17,7 @@ from store.local import FileStore
 from tests.client_fixtures import start_pool
 from tests.hook_store import HookStore
 from tests.pool_core_helpers import OP_IDS, OPERATOR_PAIRS, changelog, commit, keyed, keys_in_range, op_key, scan_dict
+from tests.sim.mutants import mutant
 
 OP = OP_IDS["window"]
 FULL = KeyGroupRange(0, 127)
@@ -519,3 +520,23 @@ def test_safeguard_a_commit_racing_a_compaction_of_its_parent_completes_and_keep
     _age_everything(tmp_path)
     Lifecycle(inner, LifecycleConfig(gc_min_age_s=600)).gc("j")
     assert scan_dict(PoolCore(inner), "j", 4) == {(OP, keyed(f"k{c}")): str(c).encode() for c in range(1, 5)}
+
+
+# ---- each regression test above fails with its defect put back (tests/sim/mutants.py) ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "test"),
+    [
+        ("layers_in_listed_order", test_defect_01_rescale_4_2_4_2_never_brings_an_overwritten_value_back),
+        ("empty_fold_writes_no_base", test_defect_02_compacting_a_part_whose_fold_is_empty_keeps_an_erase),
+        ("gc_skips_vanished_manifests", test_defect_03_gc_never_deletes_a_file_a_checkpoint_committed_during_the_run_references),
+        ("no_parent_check_after_commit", test_safeguard_a_commit_whose_parent_vanished_after_gc_listed_never_completes),
+        ("restore_from_vanished_checkpoint", test_safeguard_a_restore_from_a_checkpoint_deleted_meanwhile_is_refused),
+        ("compaction_forgets_retired_files", test_safeguard_a_commit_racing_a_compaction_of_its_parent_completes_and_keeps_its_files),
+    ],
+)
+def test_a_regression_test_fails_with_its_defect_put_back(tmp_path, name: str, test) -> None:
+    test(tmp_path / "ok")  # passes on the code as it is
+    with mutant(name), pytest.raises((Exception, pytest.fail.Exception)):  # a wrong answer, an error, or a pytest.raises that saw none
+        test(tmp_path / "mutant")

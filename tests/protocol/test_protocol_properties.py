@@ -8,6 +8,7 @@ so an old value stays unwritten long enough to come back if layers were ever app
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from pool.lifecycle import Lifecycle
 from store.checkpoint import CheckpointReader
 from store.memory import MemoryStore
 from tests.pool_core_helpers import changelog
+from tests.sim.mutants import mutant
 
 OPS = (s.operator_id("counter"), s.operator_id("window"))
 KEYED = [s.encode_keyed_key("v", f"k{i}".encode()) for i in range(10)]  # key groups 13 14 39 40 41 65 90 91 116 118
@@ -159,6 +161,15 @@ def test_every_history_reads_as_the_model_says(eras, start):
             check(pools[0], cid, states[cid])
     for cid in lineage:  # every checkpoint of the attempt reads the same at the end, on a fresh pool
         check(PoolCore(store), cid, states[cid])
+
+
+@pytest.mark.parametrize(("name", "eras", "start"), [("layers_in_listed_order", DEFECT_1, 4), ("empty_fold_writes_no_base", DEFECT_2, 1)])
+def test_the_property_examples_fail_with_their_defect_put_back(name: str, eras, start: int) -> None:
+    """Each defect example of the property fails with its mutant (tests/sim/mutants.py) put back."""
+    inner = test_every_history_reads_as_the_model_says.hypothesis.inner_test
+    inner(eras=eras, start=start)  # passes on the code as it is
+    with mutant(name), pytest.raises((Exception, pytest.fail.Exception)):  # a wrong answer or an error
+        inner(eras=eras, start=start)
 
 
 def check(core: PoolCore, cid: int, model: Model) -> None:
