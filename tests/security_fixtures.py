@@ -1,5 +1,7 @@
 """Helpers for the access-control and abuse tests: a throwaway CA with server and client certificates, token files,
 secured pools, a decompression bomb.
+
+Fixture (a plugin of tests/conftest.py): ``pki`` (module), a fresh ``make_pki()`` for the test module.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -128,6 +131,12 @@ def make_pki() -> Pki:
         client_key,
         other.public_bytes(serialization.Encoding.PEM),
     )
+
+
+@pytest.fixture(scope="module")
+def pki() -> Pki:
+    """A throwaway CA and certificates, one per test module."""
+    return make_pki()
 
 
 def token_table() -> TokenTable:

@@ -9,14 +9,9 @@ import pytest
 from clink.cli.common import EXIT_DENIED, EXIT_UNAVAILABLE
 from pool.server import PoolServer, PoolServerConfig
 from tests.cli_fixtures import commit_checkpoints, generated_table, one_line_error, rows_of, run
-from tests.security_fixtures import make_pki, token_table
+from tests.security_fixtures import token_table
 
 JOB = "job-a"
-
-
-@pytest.fixture(scope="module")
-def pki():
-    return make_pki()
 
 
 @pytest.fixture

@@ -16,15 +16,10 @@ from client import (
     UnavailableError,
 )
 from tests.client_fixtures import OP_COUNT, keyed_keys, table_model
-from tests.security_fixtures import Pki, make_pki, token_table
+from tests.security_fixtures import Pki, token_table
 
 KEYS = keyed_keys(40, seed=3)
 NO_RETRY = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02)
-
-
-@pytest.fixture(scope="module")
-def pki() -> Pki:
-    return make_pki()
 
 
 @pytest.fixture

@@ -35,15 +35,10 @@ from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
 from snapshot.errors import InvalidArgumentError
 from store.local import FileStore
-from tests.security_fixtures import TOKENS_TEXT, make_pki, token_table
+from tests.security_fixtures import TOKENS_TEXT, token_table
 
 OP = snapshot.operator_id("auth-op")
 FAST = RetryPolicy(max_attempts=2, initial_backoff_s=0.001, max_backoff_s=0.01)
-
-
-@pytest.fixture(scope="module")
-def pki():
-    return make_pki()
 
 
 @pytest.fixture
