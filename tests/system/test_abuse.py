@@ -154,6 +154,8 @@ class Pool:
             self.proc.kill()
 
 
+# One pool for the module, attacked in order: a bound holds for a pool the earlier attacks warmed, and the last test checks
+# what is held after all of them (with -n, pyproject's --dist loadfile keeps a module on one worker).
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory) -> Iterator[Pool]:
     p = Pool(tmp_path_factory.mktemp("abuse"))
