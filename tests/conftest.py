@@ -10,6 +10,9 @@ Fixtures (reuse them, do not copy them):
 - ``file_store``: a fresh ``FileStore`` in ``tmp_path / "store"``.
 - ``store``: parametrised over ``file`` and ``s3``; a test taking it runs against both implementations.
 - ``make_file_store`` (function): factory ``make_file_store(name="other") -> FileStore`` under tmp_path.
+
+Its plugins add more: ``seaweed`` (tests/seaweed_fixtures.py), ``pool_store``, ``pool_address`` and
+``memory_pool_address`` (tests/client_fixtures.py), ``pki`` (tests/security_fixtures.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import pytest
 from store.local import FileStore
 from store.objects import ObjectStore, StoreConfig
 
-pytest_plugins = ["tests.seaweed_fixtures", "tests.client_fixtures"]  # fixtures shared by modules, never imported by name
+# fixtures shared by modules in every folder, never imported by name; pytest reads pytest_plugins only in this top-level conftest
+pytest_plugins = ["tests.seaweed_fixtures", "tests.client_fixtures", "tests.security_fixtures"]
 
 
 @pytest.fixture(scope="session")

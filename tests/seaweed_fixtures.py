@@ -1,4 +1,4 @@
-"""SeaweedFS for the tests: a single-process server (master, volume, filer, S3) per test module, on loopback; a conftest plugin."""
+"""SeaweedFS for the tests: a single-process server (master, volume, filer, S3) per session, on loopback; a conftest plugin."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreConfig]:
         f"-s3.port.grpc={s3_grpc}",
         f"-s3.config={config_path}",
         "-master.volumeSizeLimitMB=64",
-        "-volume.max=16",
+        "-volume.max=64",  # each bucket grows 7 volumes: room for every bucket one session (one xdist worker) creates
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
     ]  # fixed default ports: two test workers would collide on them

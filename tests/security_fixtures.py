@@ -1,4 +1,8 @@
-"""Helpers for the access-control tests: a throwaway CA with server and client certificates, token files, secured pools."""
+"""Helpers for the access-control and abuse tests: a throwaway CA with server and client certificates, token files,
+secured pools, a decompression bomb.
+
+Fixture (a plugin of tests/conftest.py): ``pki`` (module), a fresh ``make_pki()`` for the test module.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,16 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from pool.auth import TlsConfig, TokenTable
+from snapshot.format import CANONICAL_SCHEMA, CHANGELOG_SCHEMA, write_snapshot
 
 TOKENS_TEXT = """\
 # token            jobs              access
@@ -125,6 +133,27 @@ def make_pki() -> Pki:
     )
 
 
+@pytest.fixture(scope="module")
+def pki() -> Pki:
+    """A throwaway CA and certificates, one per test module."""
+    return make_pki()
+
+
 def token_table() -> TokenTable:
     """The tokens of TOKENS_TEXT."""
     return TokenTable.parse(TOKENS_TEXT, "tokens.txt")
+
+
+def zstd_bomb(decoded_bytes: int, changelog: bool = False) -> bytes:
+    """A snapshot stream (canonical, or changelog) whose one zstd-compressed batch decodes to ``decoded_bytes`` of zeros."""
+    schema = CHANGELOG_SCHEMA if changelog else CANONICAL_SCHEMA
+    cols = [pa.array([7], pa.uint64()), pa.array([b"\x05bomb"]), pa.array([b"\x00" * decoded_bytes])]
+    if changelog:
+        cols.insert(0, pa.array([1], pa.int8()))
+    meta = dict(
+        ipc.open_stream(write_snapshot(pa.table([c.slice(0, 0) for c in cols], schema=schema), changelog=changelog)).schema.metadata
+    )
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, schema.with_metadata(meta), options=ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write_batch(pa.record_batch(cols, schema=schema))
+    return sink.getvalue().to_pybytes()

@@ -1,0 +1,1 @@
+"""Tests of clink/cli and clink/tools: both command lines, the demo, projections and diff."""

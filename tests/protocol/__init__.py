@@ -1,0 +1,1 @@
+"""The commit protocol across packages: defect regressions, properties, mutants, the simulation, random histories, review findings."""

@@ -1,0 +1,1 @@
+"""Tests of snapshot/: the format, its reader checks, vectors and errors."""

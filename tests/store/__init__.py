@@ -1,0 +1,1 @@
+"""Tests of store/: the object stores, their contract and retries, the checkpoint layout."""
