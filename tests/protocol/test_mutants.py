@@ -25,6 +25,7 @@ SIM_KILLS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SIM_KILLS))
 def test_the_simulation_kills_the_mutant(name: str) -> None:
     env = dict(os.environ, PYTHONHASHSEED="0")

@@ -90,6 +90,7 @@ DEFECT_2 = [
 ]
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(eras=DEFECT_1, start=4)
 @example(eras=DEFECT_2, start=1)

@@ -14,6 +14,9 @@ from tests.protocol.histories import History, ServePool
 SEEDS = os.environ.get("CLINK_HISTORY_SEEDS", "0-5")
 
 
+pytestmark = pytest.mark.slow  # a real clink-pool process per history
+
+
 def _seeds(spec: str) -> list[int]:
     lo, _, hi = spec.partition("-")
     return list(range(int(lo), int(hi or lo) + 1))

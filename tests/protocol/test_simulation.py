@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # seconds of simulated seeds in subprocesses
+
+
 REPO = Path(__file__).resolve().parents[2]
 
 

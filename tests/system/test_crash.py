@@ -54,6 +54,7 @@ def crash_store(request, tmp_path):
     return store.uri, ("--s3-endpoint-url", config.endpoint_url), env, store, ITERATIONS_MOTO
 
 
+@pytest.mark.slow
 def test_kill_9_the_pool_at_random_points_of_commits_loses_nothing_acknowledged(crash_store):
     uri, extra, env, store, iterations = crash_store
     rng = random.Random(20261129)
