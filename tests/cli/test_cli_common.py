@@ -8,9 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 from click.testing import CliRunner
 
@@ -167,44 +171,85 @@ def test_old_spellings_still_work_and_say_the_new_one(cli, old, new, tmp_path) -
     assert f"{old} is now {new}" in result.stderr
 
 
-def _silent_listener() -> socket.socket:
-    """A listening socket that accepts connections and never answers: a pool or a store that hangs."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    return sock
-
-
-def _interrupt(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+def _interrupt_once_waiting(args: list[str], env: dict[str, str], waiting: Callable[[int], bool]) -> subprocess.CompletedProcess:
+    """Start ``args``, send SIGINT once ``waiting(pid)`` says it blocks where a user would press Ctrl-C, collect the outcome."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    time.sleep(2.0)  # started and waiting on the silent peer
-    assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        deadline = time.monotonic() + 60
+        while not waiting(proc.pid):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the command never reached the point where it waits"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
-@pytest.mark.parametrize("command", ["clink", "clink-pool"])
-def test_ctrl_c_exits_130_with_one_line_in_both_commands(command) -> None:
-    env = {**os.environ, **MOTO_ENV, "PYTHONPATH": str(REPO), "AWS_REGION": "us-east-1"}
-    with _silent_listener() as sock:
-        port = sock.getsockname()[1]
-        if command == "clink":
-            args = [sys.executable, "-m", "clink.cli.state", "--pool-timeout", "60", "state-cat", f"grpc://127.0.0.1:{port}/{JOB}"]
-        else:
-            args = [
-                sys.executable,
-                "-m",
-                "clink.cli.pool",
-                "ls",
-                "--store",
-                "s3://bucket/pool",
-                "--s3-endpoint-url",
-                f"http://127.0.0.1:{port}",
-            ]
-        done = _interrupt(args, env)
+class _HangingPool(grpc.GenericRpcHandler):
+    """A gRPC server whose every method is taken and never answered: a pool stuck behind a slow store."""
+
+    def __init__(self) -> None:
+        self.called = threading.Event()
+        self.release = threading.Event()
+
+    def service(self, handler_call_details):  # noqa: ANN001, D102 - grpc's signature
+        def hang(request, context):  # noqa: ANN001
+            self.called.set()
+            self.release.wait(60)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "released")
+
+        return grpc.unary_unary_rpc_method_handler(hang)
+
+
+def test_ctrl_c_exits_130_with_one_line_in_clink() -> None:
+    hanging = _HangingPool()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[hanging])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        args = [sys.executable, "-m", "clink.cli.state", "--pool-timeout", "60", "state-cat", f"grpc://127.0.0.1:{port}/{JOB}"]
+        done = _interrupt_once_waiting(args, env, lambda pid: hanging.called.is_set())
+    finally:
+        hanging.release.set()
+        server.stop(0)
     assert done.returncode == EXIT_INTERRUPTED, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == f"{command}: interrupted" and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "clink: interrupted" and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_exits_130_with_one_line_in_clink_pool() -> None:
+    env = {**os.environ, **MOTO_ENV, "PYTHONPATH": str(REPO), "AWS_REGION": "us-east-1"}
+    with socket.socket() as silent:  # an S3 endpoint that takes the connection and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        silent.settimeout(0.05)
+        port = silent.getsockname()[1]
+        accepted: list[socket.socket] = []
+
+        def connected(pid: int) -> bool:
+            try:
+                accepted.append(silent.accept()[0])
+            except TimeoutError:
+                pass
+            return bool(accepted)
+
+        args = [
+            sys.executable,
+            "-m",
+            "clink.cli.pool",
+            "ls",
+            "--store",
+            "s3://bucket/pool",
+            "--s3-endpoint-url",
+            f"http://127.0.0.1:{port}",
+        ]
+        done = _interrupt_once_waiting(args, env, connected)
+        for conn in accepted:
+            conn.close()
+    assert done.returncode == EXIT_INTERRUPTED, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "clink-pool: interrupted" and "Traceback" not in done.stderr
 
 
 def test_clink_reads_what_clink_pool_wrote_with_the_same_flags(checkpoint_on_moto, s3_config) -> None:
