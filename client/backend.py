@@ -19,6 +19,7 @@ import snapshot
 from client.errors import ClinkError, FencedError, InvalidArgumentError, MissingOperatorsError, NotFoundError
 from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
+from snapshot.names import validate_job
 
 StateKey = tuple[int, bytes]  # (op_id, key_bytes)
 Layer = dict[StateKey, "bytes | None"]  # None marks an erase
@@ -240,8 +241,7 @@ class RemoteReadBackend:
         Call ``restore()`` to point the backend at a checkpoint. Pass a PoolClient to share one channel.
         """
         config = config or BackendConfig()
-        if not isinstance(job, str) or not job:
-            raise InvalidArgumentError(f"job must be a non-empty string, got {job!r}")
+        job = validate_job(job)  # the pool's own rule, so a bad name fails here and not at the first call that sends it
         if isinstance(address, PoolClient):
             pool, owns = address, False
         else:
