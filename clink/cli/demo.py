@@ -209,7 +209,7 @@ def _drive(address: str, echo: Callable[[str], None], started: float) -> int:
     echo(f"  subtask 2 dropped with {lost} unsaved write(s)")
     replacement = RemoteReadBackend.connect(address, JOB, FOUR[2])
     t0 = time.perf_counter()
-    info = replacement.restore()
+    info = replacement.restore(required=True)  # checkpoint 2 is there: restoring nothing would be a bug here
     echo(
         f"  a new subtask 2 restores checkpoint {info.checkpoint_id} in {1000 * (time.perf_counter() - t0):.1f} ms (metadata only, values read lazily)"
     )
