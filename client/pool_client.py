@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,26 @@ def _batches(sizes: list[int], max_items: int, max_bytes: int) -> Iterator[tuple
         total += size
     if lo < len(sizes) or not sizes:
         yield lo, len(sizes)
+
+
+# grpc's words when a server answered at the address, but not in HTTP/2: no retry will change that
+_NOT_HTTP2 = "Failed parsing HTTP/2"
+_FRAME_TYPE = re.compile(r"got frame type (\d+)")
+# the first bytes of an HTTP/1 answer read as an HTTP/2 frame header: "HTTP/1.1 400" (type 'P'), or "<!DOCTYPE" (type 'O'),
+# the error page Python's http.server (the pool's --http-port) sends for HTTP/2's preface
+_HTTP1_FRAME_TYPES = frozenset({ord("P"), ord("O")})
+
+
+def not_a_pool(details: str | None, address: str) -> str | None:
+    """A one-line reason when a call's failure says the server at ``address`` does not speak gRPC at all, else None."""
+    if not details or _NOT_HTTP2 not in details:
+        return None
+    frame = _FRAME_TYPE.search(details)
+    http1 = "http1.x" in details or (frame is not None and int(frame.group(1)) in _HTTP1_FRAME_TYPES)
+    where = "the port given to clink-pool serve --listen (7420 by default)"
+    if http1:
+        return f"{address} is not a gRPC pool (HTTP/1 answered): is it the pool's --http-port? The pool speaks gRPC on {where}"
+    return f"{address} is not a gRPC pool (it answered, but not in HTTP/2): the pool speaks gRPC on {where}"
 
 
 @dataclass(frozen=True)
@@ -240,6 +261,9 @@ class PoolClient:
         """Sleep before the next try if the failure is retryable and attempts remain; otherwise raise the domain error."""
         policy = self.config.retry
         code, error_class = exc.code(), error_class_of(exc)
+        wrong_server = not_a_pool(exc.details(), self.address)
+        if wrong_server is not None:
+            raise UnavailableError(f"{what}: {wrong_server}") from None
         if retryable(code, error_class) and attempt + 1 < policy.max_attempts:
             self.retries += 1
             self.config.sleep(policy.backoff(attempt, self._rng))
@@ -276,6 +300,9 @@ class PoolClient:
                     return
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
             except grpc.RpcError as exc:
+                wrong_server = not_a_pool(exc.details(), self.address)
+                if wrong_server is not None:
+                    raise UnavailableError(wrong_server) from None
                 last = f"{exc.code().name}: {exc.details()}"
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     return  # a pool without the health service still serves RemotePool
