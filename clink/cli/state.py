@@ -780,8 +780,21 @@ def _export_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if
 # --- demo -------------------------------------------------------------------------------------------------
 
 
-@cli.command("demo", epilog="Example:\n\n  clink demo")
-@click.option("--workdir", type=click.Path(file_okay=False), help="Keep the demo's store here (default: a temporary directory).")
+@cli.command(
+    "demo",
+    epilog="""\b
+Examples:
+  clink demo
+  clink demo --workdir demo        keeps ./demo/pool-data and ./demo/pool.log
+  clink demo --workdir demo        again: a second job, word-count-demo-2, beside the first""",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    help="Keep the demo's store (DIR/pool-data) and the pool's log (DIR/pool.log) in DIR, a relative DIR taken from the current "
+    "folder (default: a temporary directory, removed afterwards). Each run in DIR is a new job: word-count-demo, then "
+    "word-count-demo-2, ...; while another demo runs in DIR, a second one stops (exit 69) and writes nothing.",
+)
 def demo(workdir):
     """Run the end-to-end demo: a pool on loopback, a job writing state, checkpoints, restore and export."""
     try:
