@@ -9,7 +9,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from operator import itemgetter
-from typing import Final
+from typing import Final, Literal, overload
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +19,7 @@ import snapshot
 from client.errors import ClinkError, FencedError, InvalidArgumentError, MissingOperatorsError, NotFoundError
 from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
+from snapshot.names import validate_job
 
 StateKey = tuple[int, bytes]  # (op_id, key_bytes)
 Layer = dict[StateKey, "bytes | None"]  # None marks an erase
@@ -237,11 +238,11 @@ class RemoteReadBackend:
     ) -> RemoteReadBackend:
         """Connect to a pool and acquire a writer epoch for ``key_groups`` of ``job``; the state starts empty.
 
-        Call ``restore()`` to point the backend at a checkpoint. Pass a PoolClient to share one channel.
+        Call ``restore()`` to point the backend at the newest checkpoint (it returns None and stays empty for a new job).
+        ``job`` follows the pool's rule (snapshot/names.py). Pass a PoolClient to share one channel.
         """
         config = config or BackendConfig()
-        if not isinstance(job, str) or not job:
-            raise InvalidArgumentError(f"job must be a non-empty string, got {job!r}")
+        job = validate_job(job)  # the pool's own rule, so a bad name fails here and not at the first call that sends it
         if isinstance(address, PoolClient):
             pool, owns = address, False
         else:
@@ -571,18 +572,53 @@ class RemoteReadBackend:
                 pass  # completion is re-checked on the next snapshot; pending deltas keep serving reads meanwhile
         return result
 
+    @overload
+    def restore(
+        self,
+        checkpoint_id: int,
+        key_groups: tuple[int, int] | None = None,
+        expected_operators: Mapping[str, int] | None = None,
+        *,
+        required: bool = False,
+    ) -> CheckpointInfo: ...
+
+    @overload
+    def restore(
+        self,
+        checkpoint_id: None = None,
+        key_groups: tuple[int, int] | None = None,
+        expected_operators: Mapping[str, int] | None = None,
+        *,
+        required: Literal[True],
+    ) -> CheckpointInfo: ...
+
+    @overload
     def restore(
         self,
         checkpoint_id: int | None = None,
         key_groups: tuple[int, int] | None = None,
         expected_operators: Mapping[str, int] | None = None,
-    ) -> CheckpointInfo:
-        """Point the backend at a complete checkpoint (None: the newest) and range (None: the current one).
+        *,
+        required: bool = False,
+    ) -> CheckpointInfo | None: ...
 
-        Reads metadata only; values are fetched lazily. Unsaved writes are dropped. Every restore acquires a fresh
-        writer epoch for the range (fencing older overlapping writers, and this backend's own earlier attempt, so
-        nothing staged before the restore completes a checkpoint). ``expected_operators`` (uid -> op_id) is checked
-        against the checkpoint first: any operator it lacks raises MissingOperatorsError and nothing changes.
+    def restore(
+        self,
+        checkpoint_id: int | None = None,
+        key_groups: tuple[int, int] | None = None,
+        expected_operators: Mapping[str, int] | None = None,
+        *,
+        required: bool = False,
+    ) -> CheckpointInfo | None:
+        """Point the backend at a complete checkpoint (None: the newest) and range (None: the current one); its info.
+
+        A job with no complete checkpoint yet (a new job) has nothing to restore: the backend starts empty, as
+        ``start_fresh``, and None is returned; ``required=True`` raises NotFoundError instead. A ``checkpoint_id`` that
+        is not there is always NotFoundError. Reads metadata only; values are fetched lazily. Unsaved writes are dropped.
+        Every restore acquires a fresh writer epoch for the range (fencing older overlapping writers, and this backend's
+        own earlier attempt, so nothing staged before the restore completes a checkpoint). ``expected_operators``
+        (uid -> op_id) is checked against the checkpoint first: any operator it lacks raises MissingOperatorsError and
+        nothing changes.
         """
         self._check_open()
         new_range = _check_range(key_groups) if key_groups is not None else self.key_groups
@@ -590,7 +626,10 @@ class RemoteReadBackend:
             # one metadata call: the list already says which checkpoints are complete, with their operators
             complete = [c for c in self._pool.list_checkpoints(self.job) if c.complete and not c.abandoned]
             if not complete:
-                raise NotFoundError(f"job {self.job!r} has no complete checkpoint to restore from")
+                if required:
+                    raise NotFoundError(f"job {self.job!r} has no complete checkpoint to restore from")
+                self.start_fresh(new_range)
+                return None
             info = max(complete, key=lambda c: c.checkpoint_id)
             checkpoint_id = info.checkpoint_id
         else:

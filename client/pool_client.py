@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from client.errors import (
 )
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
+from snapshot.names import validate_job
 
 KeyGroups = tuple[int, int]
 T = TypeVar("T")
@@ -56,6 +58,26 @@ def _batches(sizes: list[int], max_items: int, max_bytes: int) -> Iterator[tuple
         total += size
     if lo < len(sizes) or not sizes:
         yield lo, len(sizes)
+
+
+# grpc's words when a server answered at the address, but not in HTTP/2: no retry will change that
+_NOT_HTTP2 = "Failed parsing HTTP/2"
+_FRAME_TYPE = re.compile(r"got frame type (\d+)")
+# the first bytes of an HTTP/1 answer read as an HTTP/2 frame header: "HTTP/1.1 400" (type 'P'), or "<!DOCTYPE" (type 'O'),
+# the error page Python's http.server (the pool's --http-port) sends for HTTP/2's preface
+_HTTP1_FRAME_TYPES = frozenset({ord("P"), ord("O")})
+
+
+def not_a_pool(details: str | None, address: str) -> str | None:
+    """A one-line reason when a call's failure says the server at ``address`` does not speak gRPC at all, else None."""
+    if not details or _NOT_HTTP2 not in details:
+        return None
+    frame = _FRAME_TYPE.search(details)
+    http1 = "http1.x" in details or (frame is not None and int(frame.group(1)) in _HTTP1_FRAME_TYPES)
+    where = "the port given to clink-pool serve --listen (7420 by default)"
+    if http1:
+        return f"{address} is not a gRPC pool (HTTP/1 answered): is it the pool's --http-port? The pool speaks gRPC on {where}"
+    return f"{address} is not a gRPC pool (it answered, but not in HTTP/2): the pool speaks gRPC on {where}"
 
 
 @dataclass(frozen=True)
@@ -239,6 +261,9 @@ class PoolClient:
         """Sleep before the next try if the failure is retryable and attempts remain; otherwise raise the domain error."""
         policy = self.config.retry
         code, error_class = exc.code(), error_class_of(exc)
+        wrong_server = not_a_pool(exc.details(), self.address)
+        if wrong_server is not None:
+            raise UnavailableError(f"{what}: {wrong_server}") from None
         if retryable(code, error_class) and attempt + 1 < policy.max_attempts:
             self.retries += 1
             self.config.sleep(policy.backoff(attempt, self._rng))
@@ -275,6 +300,9 @@ class PoolClient:
                     return
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
             except grpc.RpcError as exc:
+                wrong_server = not_a_pool(exc.details(), self.address)
+                if wrong_server is not None:
+                    raise UnavailableError(wrong_server) from None
                 last = f"{exc.code().name}: {exc.details()}"
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     return  # a pool without the health service still serves RemotePool
@@ -288,6 +316,7 @@ class PoolClient:
 
         ``restore_from``: the checkpoint the writer restores from; every restore needs a fresh epoch (a new attempt).
         """
+        job = validate_job(job)  # refused here, before any call, by the rule the pool applies
         req = pb.AcquireWriterRequest(job=job, key_groups=_range(key_groups))
         if restore_from is not None:
             req.restore_from = restore_from
@@ -314,6 +343,7 @@ class PoolClient:
         landed (same delta bytes) as that commit's outcome (``recovered``); a different delta under the same name is a
         ConflictError. FAILED_PRECONDITION (fenced) and every other error are raised at once.
         """
+        job = validate_job(job)
         header = pb.CommitHeader(
             job=job,
             checkpoint_id=checkpoint_id,
@@ -362,6 +392,7 @@ class PoolClient:
         ``manifest_etag``: the version of the checkpoint the caller holds (a backend's read checkpoint); a pool whose cached
         manifest has exactly it answers without reading _metadata again. Without it the pool reads _metadata to be sure.
         """
+        job = validate_job(job)
         op_ids = list(op_ids)
         if len(op_ids) == 1 and len(keys) != 1:
             op_ids = op_ids * len(keys)  # the proto allows one shared op_id; pairing them up works with every pool version
@@ -397,6 +428,7 @@ class PoolClient:
         manifest_etag: str = "",
     ) -> bytes:
         """One canonical snapshot stream for a checkpoint, range and operators, with an optional changelog overlaid."""
+        job = validate_job(job)
         req = pb.ScanCheckpointRequest(job=job, checkpoint_id=checkpoint_id, op_ids=list(op_ids), delta=delta, manifest_etag=manifest_etag)
         if key_groups is not None:
             req.key_groups.CopyFrom(_range(key_groups))
@@ -414,6 +446,7 @@ class PoolClient:
 
     def list_checkpoints(self, job: str, include_incomplete: bool = False) -> list[CheckpointInfo]:
         """Checkpoints of a job (complete ones unless asked), as the pool orders them."""
+        job = validate_job(job)
         req = pb.ListCheckpointsRequest(job=job, include_incomplete=include_incomplete)
         resp = self._call(
             f"list checkpoints of job {job!r}", lambda: self._stub.ListCheckpoints(req, timeout=self._deadline(), metadata=self._metadata)
@@ -422,6 +455,7 @@ class PoolClient:
 
     def describe_checkpoint(self, job: str, checkpoint_id: int) -> tuple[CheckpointInfo, str]:
         """A checkpoint's info and its manifest JSON as stored."""
+        job = validate_job(job)
         req = pb.DescribeCheckpointRequest(job=job, checkpoint_id=checkpoint_id)
         resp = self._call(
             f"describe checkpoint {checkpoint_id} of job {job!r}",
@@ -431,6 +465,7 @@ class PoolClient:
 
     def delete_checkpoint(self, job: str, checkpoint_id: int) -> None:
         """Delete one checkpoint (its files are left to GC)."""
+        job = validate_job(job)
         req = pb.DeleteCheckpointRequest(job=job, checkpoint_id=checkpoint_id)
         self._call(
             f"delete checkpoint {checkpoint_id} of job {job!r}",
@@ -445,6 +480,8 @@ class PoolClient:
         Not blindly repeated: the savepoint's manifest is put-if-absent, so a retry after UNAVAILABLE cannot overwrite
         anything, and a conflict on such a retry is reported saying the earlier attempt may have written it.
         """
+        job = validate_job(job)
+        name = validate_job(name, what="savepoint name")
         req = pb.SavepointRequest(job=job, checkpoint_id=checkpoint_id, name=name)
         what = f"savepoint {name!r} of job {job!r} checkpoint {checkpoint_id}"
         attempt = 0
@@ -464,6 +501,8 @@ class PoolClient:
 
     def pin_checkpoint(self, job: str, holder: str, ttl_s: float, checkpoint_id: int = 0) -> PinInfo:
         """Hold a checkpoint (0: newest complete) from retention for ttl_s; pinning again renews (safe to repeat)."""
+        job = validate_job(job)
+        holder = validate_job(holder, what="pin holder")
         req = pb.PinCheckpointRequest(job=job, checkpoint_id=checkpoint_id, holder=holder, ttl_seconds=ttl_s)
         resp = self._call(
             f"pin checkpoint {checkpoint_id} of job {job!r} for {holder!r}",
@@ -473,6 +512,8 @@ class PoolClient:
 
     def unpin_checkpoint(self, job: str, checkpoint_id: int, holder: str) -> None:
         """Remove holder's pin on a checkpoint (idempotent)."""
+        job = validate_job(job)
+        holder = validate_job(holder, what="pin holder")
         req = pb.UnpinCheckpointRequest(job=job, checkpoint_id=checkpoint_id, holder=holder)
         self._call(
             f"unpin checkpoint {checkpoint_id} of job {job!r} for {holder!r}",
@@ -485,6 +526,7 @@ class PoolClient:
         Retried like a read: the manifest is replaced by compare-and-swap, so a repeat after a lost reply finds the
         parts already folded (one layer each) and folds nothing; a concurrent change is ConflictError.
         """
+        job = validate_job(job)
         req = pb.CompactCheckpointRequest(job=job, checkpoint_id=checkpoint_id, force=force)
         resp = self._call(
             f"compact checkpoint {checkpoint_id} of job {job!r}",
@@ -494,6 +536,7 @@ class PoolClient:
 
     def collect_garbage(self, job: str, dry_run: bool = False, deadline_s: float | None = None) -> GcInfo:
         """GC of one job's unreferenced data files older than the pool's minimum age (retried: recomputed each run)."""
+        job = validate_job(job)
         req = pb.CollectGarbageRequest(job=job, dry_run=dry_run)
         resp = self._call(
             f"GC of job {job!r}",

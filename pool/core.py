@@ -37,6 +37,7 @@ from snapshot.errors import (
     UnavailableError,
     UnsupportedFormatVersionError,
 )
+from snapshot.names import validate_job  # the one job-id rule, shared with the client and the CLI
 from store.checkpoint import CheckpointReader
 from store.layout import JOBS, checkpoint_prefix, job_prefix, metadata_key, writers_key
 from store.manifest import Manifest
@@ -44,21 +45,6 @@ from store.objects import ObjectStore
 from store.segment_cache import SegmentCache
 
 _U64 = (1 << 64) - 1
-
-
-def validate_job(job: object, max_bytes: int = 128) -> str:
-    """A job id that cannot leave its prefix: non-empty, no '/', '\\', '..', control characters, at most max_bytes UTF-8."""
-    if not isinstance(job, str) or not job:
-        raise InvalidArgumentError("job id must be a non-empty string")
-    size = len(job.encode("utf-8", errors="surrogatepass"))
-    if size > max_bytes:
-        raise InvalidArgumentError(f"job id is {size} bytes; at most {max_bytes} are allowed")
-    bad = next((c for c in job if c in "/\\" or ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or 0xD800 <= ord(c) < 0xE000), None)
-    if bad is not None:
-        raise InvalidArgumentError(f"job id {job!r} contains a forbidden character {bad!r} (no '/', '\\' or control characters)")
-    if ".." in job or job in (".",) or job.startswith(".clink-"):
-        raise InvalidArgumentError(f"job id {job!r} must not contain '..' or be '.'")
-    return job
 
 
 def _uint64s(values: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pool.core import validate_job
 from pool.writers import Fencing
 from snapshot.errors import InvalidArgumentError, NotFoundError
+from snapshot.names import validate_job
 from store.checkpoint import CheckpointReader
 from store.layout import (
     SAVEPOINT_ENTRIES,
@@ -55,11 +55,8 @@ class LifecycleConfig:
 
 
 def validate_name(name: object, what: str = "savepoint name", max_bytes: int = 128) -> str:
-    """Savepoint names and pin holders follow the job-id rules (no '/', '..', control characters, bounded)."""
-    try:
-        return validate_job(name, max_bytes)
-    except InvalidArgumentError as exc:
-        raise InvalidArgumentError(str(exc).replace("job id", what)) from None
+    """Savepoint names and pin holders follow the job-id rule of snapshot/names.py."""
+    return validate_job(name, max_bytes, what)
 
 
 class LifecycleContext:

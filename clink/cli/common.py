@@ -384,6 +384,10 @@ class CommandLine(click.Group):
         self._load_commands()
         return super().get_command(ctx, cmd_name)
 
+    def explain(self, exc: ClinkError) -> str | None:
+        """The error line for ``exc`` when this command line knows more than the error says (None: the error's own text)."""
+        return None
+
     def make_context(self, info_name, args, parent=None, **extra):  # noqa: D102
         ctx = super().make_context(info_name, args, parent=parent, **extra)
         self._last_ctx = ctx
@@ -431,7 +435,7 @@ def run_handled(prog: str, invoke: Callable[[], object], group: CommandLine | No
         return EXIT_OK
     except ClinkError as exc:
         code = exit_code_for(exc)
-        output().error(exc, code)
+        output().error(exc, code, group.explain(exc) if group is not None else None)
         return code
     except OSError as exc:
         code = exit_code_for(exc)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +19,12 @@ import pyarrow.compute as pc
 
 import snapshot
 from client.backend import BackendConfig, RemoteReadBackend
-from client.errors import ClinkError, FencedError
+from client.errors import ClinkError, FencedError, UnavailableError
 from client.pool_client import PoolClient, PoolClientConfig
 from client.typed import KeyedInt64State, OperatorInt64State
 
 JOB = "word-count-demo"
+LOCK_NAME = ".clink-demo.lock"  # held while a demo runs in a folder, so two runs never share one pool.log or pick one job name
 COUNT_UID, SOURCE_UID = "word-count", "source"
 FOUR = [(0, 31), (32, 63), (64, 95), (96, 127)]
 TWO = [(0, 63), (64, 127)]
@@ -57,10 +60,10 @@ def _free_port() -> int:
 class _Job:
     """The demo job: source subtasks own splits and offsets, word counts are keyed by word (all-to-all shuffle)."""
 
-    def __init__(self, address: str, ranges: list[tuple[int, int]], echo: Callable[[str], None], restore: bool) -> None:
+    def __init__(self, address: str, job: str, ranges: list[tuple[int, int]], echo: Callable[[str], None], restore: bool) -> None:
         self.address, self.ranges, self.echo = address, ranges, echo
         cfg = BackendConfig(call_deadline_s=10)
-        self.backends = [RemoteReadBackend.connect(address, JOB, r, cfg) for r in ranges]
+        self.backends = [RemoteReadBackend.connect(address, job, r, cfg) for r in ranges]
         if restore:
             for b in self.backends:
                 b.restore(expected_operators={COUNT_UID: snapshot.operator_id(COUNT_UID), SOURCE_UID: snapshot.operator_id(SOURCE_UID)})
@@ -112,12 +115,14 @@ class _Job:
 
 
 def _start_pool(workdir: Path, echo: Callable[[str], None]) -> tuple[subprocess.Popen, str, Path]:
+    """A pool subprocess on a free loopback port over ``workdir``/pool-data, logging to ``workdir``/pool.log (an absolute path)."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
     store = f"file://{workdir / 'pool-data'}"
     log_path = workdir / "pool.log"
     log = open(log_path, "wb")  # noqa: SIM115  # handed to the child; closed when the demo ends
     cmd = [sys.executable, "-m", "clink.cli.pool", "serve", "--store", store, "--listen", address, "--grace", "1"]
+    # every path it gets is absolute; the cwd is the package's folder so `-m` imports no look-alike package from the user's folder
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parents[1]))
     echo(f"starting a RemotePool: {' '.join(['clink-pool', *cmd[3:]])}")
     with PoolClient(address, PoolClientConfig(call_deadline_s=2)) as probe:
@@ -166,33 +171,91 @@ def _query(blob: bytes, echo: Callable[[str], None]) -> dict[str, int]:
     return dict(zip(words.to_pylist(), ints.tolist(), strict=True))
 
 
-def run_demo(workdir: str | None = None, echo: Callable[[str], None] = print) -> int:
-    """Run the demo end to end against a real pool subprocess; 0 when the final counts are exactly right."""
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="clink-demo-") as tmp:
-        root = Path(workdir) if workdir else Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        proc = None
+class FolderInUseError(UnavailableError):
+    """Another demo is running in the same --workdir."""
+
+
+@contextmanager
+def _hold(root: Path) -> Iterator[None]:
+    """Hold the folder's demo lock for the run; FolderInUseError when another demo holds it (nothing written then)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: runs are not told apart
+        yield
+        return
+    with open(root / LOCK_NAME, "a+") as fh:
         try:
-            proc, address, _ = _start_pool(root, echo)
-            return _drive(address, echo, started)
-        except ClinkError as exc:
-            echo(f"demo failed: {exc}")
-            return 1
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "?"
+            raise FolderInUseError(
+                f"{root} is in use by another clink demo (pid {holder}); wait for it or pass another --workdir"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield
         finally:
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
-                echo("pool stopped")
+            fh.truncate(0)  # the lock goes with the file's closing; an empty file names no holder
 
 
-def _drive(address: str, echo: Callable[[str], None], started: float) -> int:
-    echo(f"\n1. four subtasks (key groups {', '.join(f'{lo}-{hi}' for lo, hi in FOUR)}) count words; checkpoint 1")
-    job = _Job(address, FOUR, echo, restore=False)
+def job_name_for(root: Path) -> str:
+    """The demo's job in ``root``: word-count-demo, or on a rerun the first word-count-demo-N that is not taken yet."""
+    jobs = root / "pool-data" / "jobs"
+    if not (jobs / JOB).exists():
+        return JOB
+    n = 2
+    while (jobs / f"{JOB}-{n}").exists():
+        n += 1
+    return f"{JOB}-{n}"
+
+
+def resolve_workdir(workdir: str | os.PathLike[str]) -> Path:
+    """The demo's folder as an absolute path, resolved once before anything starts (a relative one against the current folder)."""
+    return Path(workdir).expanduser().resolve()
+
+
+def run_demo(workdir: str | os.PathLike[str] | None = None, echo: Callable[[str], None] = print) -> int:
+    """Run the demo end to end against a real pool subprocess; 0 when the final counts are exactly right.
+
+    ``workdir`` keeps the store (pool-data/) and the pool's log (pool.log) in one folder; each run there is a new job.
+    FolderInUseError when another demo is running in it.
+    """
+    started = time.monotonic()
+    root = resolve_workdir(workdir) if workdir else None
+    with tempfile.TemporaryDirectory(prefix="clink-demo-") as tmp:
+        root = root or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        with _hold(root):
+            job = job_name_for(root)
+            proc = None
+            try:
+                proc, address, _ = _start_pool(root, echo)
+                code = _drive(address, job, echo, started)
+            except ClinkError as exc:
+                echo(f"demo failed: {exc}")
+                return 1
+            finally:
+                if proc is not None:
+                    proc.terminate()
+                    try:
+                        proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait(5)
+                    echo("pool stopped")
+            if workdir and code == 0:
+                store = f"file://{root / 'pool-data'}"
+                echo(f"kept in {root}: clink-pool ls --store {store}; clink state-cat {store}/jobs/{job}/chk-4")
+            return code
+
+
+def _drive(address: str, name: str, echo: Callable[[str], None], started: float) -> int:
+    echo(f"\n1. job {name}: four subtasks (key groups {', '.join(f'{lo}-{hi}' for lo, hi in FOUR)}) count words; checkpoint 1")
+    job = _Job(address, name, FOUR, echo, restore=False)
     echo(f"  read {job.run(2)} records")
     job.checkpoint(1)
 
@@ -207,9 +270,9 @@ def _drive(address: str, echo: Callable[[str], None], started: float) -> int:
     lost = job.backends[2].delta_rows
     job.backends[2].close()
     echo(f"  subtask 2 dropped with {lost} unsaved write(s)")
-    replacement = RemoteReadBackend.connect(address, JOB, FOUR[2])
+    replacement = RemoteReadBackend.connect(address, name, FOUR[2])
     t0 = time.perf_counter()
-    info = replacement.restore()
+    info = replacement.restore(required=True)  # checkpoint 2 is there: restoring nothing would be a bug here
     echo(
         f"  a new subtask 2 restores checkpoint {info.checkpoint_id} in {1000 * (time.perf_counter() - t0):.1f} ms (metadata only, values read lazily)"
     )
@@ -227,7 +290,7 @@ def _drive(address: str, echo: Callable[[str], None], started: float) -> int:
 
     echo("\n4. the job rescales from 4 subtasks to 2 and restores checkpoint 3")
     old = job
-    job = _Job(address, TWO, echo, restore=True)
+    job = _Job(address, name, TWO, echo, restore=True)
     echo(f"  subtasks {', '.join(f'{lo}-{hi}' for lo, hi in TWO)} see every source offset: {[job.offset(s) for s in range(4)]}")
     try:
         old.offsets[0].set(999, b"split-0")  # a zombie of the old layout tries to move a source offset

@@ -30,7 +30,8 @@ from clink.cli.common import (
     shared_option,
     shared_value,
 )
-from snapshot import InvalidArgumentError, NotFoundError, SnapshotArrowWriter
+from snapshot import InvalidArgumentError, NotFoundError, PermissionDeniedError, SnapshotArrowWriter, UnauthenticatedError
+from snapshot.errors import ClinkError
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -95,12 +96,47 @@ POOL_OPTIONS = (
 SOURCE_OPTIONS = (*S3_OPTIONS, *POOL_OPTIONS, OUTPUT_OPTION)
 
 
+def _answered_by_pool(exc: BaseException) -> bool:
+    """Whether an error came back from a pool (a gRPC status or an HTTP export's status), not from an object store."""
+    import urllib.error
+
+    import grpc
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (grpc.RpcError, urllib.error.HTTPError)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def pool_auth_hint(exc: ClinkError, token_given: bool) -> str | None:
+    """What to do about a pool's UNAUTHENTICATED / PERMISSION_DENIED (HTTP 401 / 403): name the option and the variable."""
+    if not isinstance(exc, (UnauthenticatedError, PermissionDeniedError)) or not _answered_by_pool(exc):
+        return None
+    if not token_given:
+        return "the pool wants a token: pass it with --pool-token TOKEN or $CLINK_POOL_TOKEN"
+    if isinstance(exc, UnauthenticatedError):
+        return "the pool refused the token given with --pool-token or $CLINK_POOL_TOKEN: check it against the pool's --token-file"
+    return (
+        "the token given with --pool-token or $CLINK_POOL_TOKEN is not allowed this: it needs access to the job in the pool's --token-file"
+    )
+
+
 class StateCommandLine(CommandLine):
     """The clink group: its subcommands take the source options too."""
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:  # noqa: D102
         apply(SOURCE_OPTIONS)(cmd)
         super().add_command(cmd, name)
+
+    def explain(self, exc: ClinkError) -> str | None:
+        """A pool's refusal names the option and the variable that carry the token."""
+        ctx = self._last_ctx
+        hint = pool_auth_hint(exc, bool(ctx is not None and shared_value(ctx, "pool_token")))
+        return f"{exc} ({hint})" if hint else None
 
 
 @click.group(
@@ -744,8 +780,21 @@ def _export_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if
 # --- demo -------------------------------------------------------------------------------------------------
 
 
-@cli.command("demo", epilog="Example:\n\n  clink demo")
-@click.option("--workdir", type=click.Path(file_okay=False), help="Keep the demo's store here (default: a temporary directory).")
+@cli.command(
+    "demo",
+    epilog="""\b
+Examples:
+  clink demo
+  clink demo --workdir demo        keeps ./demo/pool-data and ./demo/pool.log
+  clink demo --workdir demo        again: a second job, word-count-demo-2, beside the first""",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    help="Keep the demo's store (DIR/pool-data) and the pool's log (DIR/pool.log) in DIR, a relative DIR taken from the current "
+    "folder (default: a temporary directory, removed afterwards). Each run in DIR is a new job: word-count-demo, then "
+    "word-count-demo-2, ...; while another demo runs in DIR, a second one stops (exit 69) and writes nothing.",
+)
 def demo(workdir):
     """Run the end-to-end demo: a pool on loopback, a job writing state, checkpoints, restore and export."""
     try:

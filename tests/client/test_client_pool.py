@@ -300,7 +300,7 @@ def test_restore_is_lazy_and_reports_missing_operators_before_changing_anything(
     job = _job()
     b = RemoteReadBackend.connect(pool_address, job, (0, 127), FAST)
     with pytest.raises(NotFoundError, match="no complete checkpoint"):
-        b.restore()
+        b.restore(required=True)
     counts = KeyedInt64State(b, "word-count", "count")
     for i, k in enumerate(KEYS):
         counts.put(k[5:], i)

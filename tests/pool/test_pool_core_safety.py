@@ -216,7 +216,7 @@ def test_job_prefix_copied_elsewhere_still_scans(s3_store, make_s3_store, make_f
         assert moved.get("j", 0, SRC, keyed("k4")) == (True, b"four", 2)
 
 
-BAD_JOBS = ["", "..", "a/b", "a\\b", "x\x00", "tab\tbed", "a..b", "j" * 129, "é" * 65]
+BAD_JOBS = ["", "..", "a/b", "a\\b", "x\x00", "tab\tbed", "my job", "a..b", "j" * 129, "é" * 65]
 
 
 @pytest.mark.parametrize("job", BAD_JOBS)

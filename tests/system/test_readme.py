@@ -1,0 +1,180 @@
+"""The README followed line by line: its code blocks marked `run:NAME` run as written, against real pools, S3 on moto.
+
+Only what a test cannot use is substituted, each in one named place: the pool's port 7420 (a free one), the S3 endpoint
+(moto's) and the bucket (a fresh one). The install steps of the first command are not run: this suite runs in the
+environment they make.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from client import PoolClient, UnavailableError
+from tests.client_fixtures import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # where pip put clink, clink-pool and python
+BLOCK = re.compile(r"^```(\w+) run:([\w-]+)\n(.*?)^```", re.M | re.S)
+README_ADDRESS = "127.0.0.1:7420"
+README_S3_ENDPOINT = "http://127.0.0.1:9000"
+README_BUCKET = "clink-state"
+# a block's serve line runs in the background of the block's shell, and the next line waits for the pool to answer
+PRELUDE = """set -euo pipefail
+pids=()
+stop() { for p in ${pids[@]+"${pids[@]}"}; do kill "$p" 2>/dev/null || true; done; wait || true; }
+trap stop EXIT
+ready() { python -c 'import sys; from client import PoolClient; PoolClient(sys.argv[1]).wait_ready(30)' "$1"; }
+"""
+
+
+def readme_blocks() -> dict[str, tuple[str, str]]:
+    """The README's marked blocks by name: (language, text)."""
+    found: dict[str, tuple[str, str]] = {}
+    for language, name, text in BLOCK.findall((REPO / "README.md").read_text()):
+        assert name not in found, f"two README blocks are marked run:{name}"
+        found[name] = (language, text)
+    return found
+
+
+def commands(text: str) -> list[str]:
+    """A shell block's commands: continuation lines joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    lines = (re.sub(r"(^|\s+)#.*$", "", line).strip() for line in joined.splitlines())
+    return [line for line in lines if line]
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """A shell as the README's reader has it after installing: the virtual environment's bin first, no pool or AWS settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CLINK_"))}
+    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return {**env, **extra}
+
+
+def _shell(script: str, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Run a bash script in its own process group, the group killed whatever happens (a pool it started included)."""
+    proc = subprocess.Popen(
+        ["bash", "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return subprocess.CompletedProcess(script, proc.returncode, out, err)
+
+
+@contextmanager
+def serving(serve: str, address: str, cwd: Path) -> Iterator[None]:
+    """The README's serve command on ``address``, in ``cwd``, until the block ends (then SIGTERM, as Ctrl-C would)."""
+    log = cwd / f"pool-{address.rsplit(':', 1)[1]}.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            ["bash", "-c", f"exec {serve} --listen {address}"],
+            cwd=cwd,
+            env=user_env(),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        with PoolClient(address) as probe:
+            while True:
+                assert proc.poll() is None, f"the pool exited with {proc.returncode}: {log.read_text()[-2000:]}"
+                try:
+                    probe.wait_ready(timeout_s=0.5)
+                    break
+                except UnavailableError:
+                    assert time.monotonic() < deadline, f"the pool did not answer in 30 s: {log.read_text()[-2000:]}"
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def blocks() -> dict[str, tuple[str, str]]:
+    """The marked blocks; every one this module runs is there, in the language it is run as."""
+    found = readme_blocks()
+    assert {name: language for name, (language, _) in found.items()} == {
+        "command-1": "bash",
+        "pool": "bash",
+        "worker": "python",
+        "s3": "bash",
+    }
+    for tool in ("clink", "clink-pool", "python"):
+        assert (BIN / tool).exists(), f"{tool} is not installed next to {sys.executable}: run the README's first command"
+    return found
+
+
+def test_command_1_runs_the_demo_and_leaves_the_folder_it_runs_in_alone(blocks, tmp_path) -> None:
+    first = commands(blocks["command-1"][1])[0]
+    venv, install, demo = (step.strip() for step in first.split("&&"))
+    assert (venv, install) == ("python3 -m venv .venv", ".venv/bin/pip install -e '.[cli]'")  # done: this suite runs in it
+    assert demo == ".venv/bin/clink demo"
+    done = _shell(demo.replace(".venv/bin/", f"{BIN}/"), tmp_path, user_env(), timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "exactly-once: all 85 words counted once" in done.stdout and "pool stopped" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # the demo's store was its own temporary folder
+
+
+def test_the_worker_example_runs_on_an_empty_pool_and_again_after_a_restart(blocks, tmp_path) -> None:
+    (serve,) = commands(blocks["pool"][1])
+    assert serve == "clink-pool serve"
+    worker = blocks["worker"][1]
+    assert README_ADDRESS in worker
+    outputs = []
+    for _ in range(2):  # the second time on a new pool process: the state comes back from the store alone
+        address = f"127.0.0.1:{free_port()}"
+        with serving(serve, address, tmp_path):
+            (tmp_path / "worker.py").write_text(worker.replace(README_ADDRESS, address))
+            done = _shell("python worker.py", tmp_path, user_env(), timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stderr == ""
+        outputs.append(done.stdout)
+    first, second = outputs
+    assert "restored nothing: a new job starts empty" in first and "count of 'be': 2" in first
+    assert "raw 'to', 'kiwi': [2, None]" in first and "checkpoint 1 complete: True" in first
+    assert "restored checkpoint 1" in second and "count of 'be': 4" in second
+    assert "raw 'to', 'kiwi': [4, None]" in second and "checkpoint 2 complete: True" in second
+    assert (tmp_path / "pool-data" / "jobs" / "orders" / "chk-2" / "_metadata").is_file()  # ./pool-data: serve's default store
+
+
+def test_the_s3_section_runs_against_moto(blocks, tmp_path, moto_endpoint: str) -> None:
+    text = blocks["s3"][1]
+    assert README_S3_ENDPOINT in text and f"s3://{README_BUCKET}/" in text  # else this test would not reach moto
+    address, bucket = f"127.0.0.1:{free_port()}", f"readme-{uuid.uuid4().hex[:12]}"
+    lines = [PRELUDE]
+    for line in commands(text):
+        line = line.replace(README_S3_ENDPOINT, moto_endpoint).replace(f"s3://{README_BUCKET}/", f"s3://{bucket}/")
+        if line.startswith("clink-pool serve"):
+            line = f"{line} --listen {address} >pool.log 2>&1 & pids+=($!); ready {address} || {{ cat pool.log >&2; exit 69; }}"
+        lines.append(line)
+    (tmp_path / "worker.py").write_text(blocks["worker"][1].replace(README_ADDRESS, address))
+    # the endpoint is moto's even before the block exports it: nothing here can reach AWS
+    done = _shell("\n".join(lines), tmp_path, user_env(AWS_ENDPOINT_URL_S3=moto_endpoint), timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "restored nothing: a new job starts empty" in out and "checkpoint 1 complete: True" in out
+    assert re.search(r"^job\s+orders$", out, re.M), out
+    assert re.search(r"^\s+1 complete\b", out, re.M), out
+    assert "checkpoint 1 of job 'orders'" in out and re.search(r"\bbe\b.*\b2\b", out), out
+    assert not (tmp_path / "pool-data").exists()  # everything went to the bucket
