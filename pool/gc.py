@@ -162,8 +162,11 @@ class GarbageCollector:
         """Temp files of a file:// store older than the minimum age: a process killed between write and rename left them."""
         if not isinstance(self.context.store, FileStore):
             return []
-        out = []
-        for path in (self.context.store.root / FILE_STORE_TMP_DIR).iterdir():
+        out: list[Path] = []
+        temp_dir = self.context.store.root / FILE_STORE_TMP_DIR
+        if not temp_dir.is_dir():  # a store nothing was written to yet has no temp folder
+            return out
+        for path in temp_dir.iterdir():
             try:
                 if now_ms - int(path.stat().st_mtime * 1000) >= min_age_ms:
                     out.append(path)

@@ -12,10 +12,10 @@ from clink.cli.pool import open_store_of
 from snapshot.errors import InvalidArgumentError
 
 
-def _lifecycle(ctx: click.Context, **config: Any):
+def _lifecycle(ctx: click.Context, must_exist: bool = True, **config: Any):
     from pool.lifecycle import Lifecycle, LifecycleConfig
 
-    return Lifecycle(open_store_of(ctx), LifecycleConfig(**config))
+    return Lifecycle(open_store_of(ctx, must_exist=must_exist), LifecycleConfig(**config))
 
 
 def _emit(ctx: click.Context, doc: dict, text: str) -> None:
@@ -48,7 +48,7 @@ def savepoint_cmd(
       clink-pool savepoint --store s3://bkt/pool orders nightly -c 42 --target-store file:///archive
     """
     life = _lifecycle(ctx)
-    target = open_store_of(ctx, target_store) if target_store else None
+    target = open_store_of(ctx, target_store, must_exist=False) if target_store else None  # an archive may start here
     info = life.savepoint(job, checkpoint, name, target)
     _emit(
         ctx,
@@ -87,7 +87,8 @@ def restore_cmd(
       clink-pool restore --store file:///pool orders-v2 --from-savepoint nightly --source-store file:///archive
       clink-pool restore --store s3://bkt/pool orders-replay --from-job orders -c 40
     """
-    life = _lifecycle(ctx)
+    # restoring from another store may start a new one at --store; restoring within one store needs it there
+    life = _lifecycle(ctx, must_exist=source_store is None)
     source = open_store_of(ctx, source_store) if source_store else None
     with progress_callback("copying data files", show_progress) as step:
         m = life.restore_job(new_job, savepoint=savepoint, job=source_job, checkpoint_id=checkpoint, source_store=source, progress=step)

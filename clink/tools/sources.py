@@ -27,7 +27,8 @@ from snapshot import (
 )
 from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError, error_class_named, prefixed, rebuilt
 from snapshot.format import FORMAT_VERSION
-from store.layout import SAVEPOINT_MANIFEST, StateFolder, find_state_folder, parse_checkpoint_dir
+from store.layout import JOBS, SAVEPOINT_MANIFEST, StateFolder, find_state_folder, parse_checkpoint_dir
+from store.uris import parse_store_uri
 
 if TYPE_CHECKING:
     import ssl
@@ -144,44 +145,57 @@ def parse_op(text: str) -> int:
 
 
 def parse_source(spec: str) -> SourceRef:
-    """Work out what SRC names; nothing is read yet."""
+    """Work out what SRC names; nothing is read yet (store locations go through store.uris.parse_store_uri)."""
     if not spec or not spec.strip():
         raise InvalidArgumentError("source is empty; give a snapshot file, a file:// or s3:// checkpoint, or grpc://HOST:PORT/JOB")
     if spec.startswith("grpc://"):
         return _parse_pool(spec)
     if spec.startswith(("http://", "https://")):
         return SourceRef("http", spec)
-    if spec.startswith("s3://"):
-        url = urlsplit(spec)
-        if not url.netloc:
-            raise InvalidArgumentError(f"{spec}: s3 sources are s3://BUCKET/PREFIX/...")
-        parts = [p for p in unquote(url.path).split("/") if p]
-        return _parse_store_path(spec, f"s3://{url.netloc}", parts)
-    if spec.startswith("file://"):
-        url = urlsplit(spec)
-        path = unquote(url.netloc + url.path) if url.netloc not in ("", "localhost") else unquote(url.path)
-        return _parse_local(spec, Path(path))
-    if "://" in spec:
-        scheme = spec.split("://", 1)[0]
-        raise InvalidArgumentError(f"{spec}: unknown source scheme {scheme!r} (use a path, file://, s3:// or grpc://)")
-    return _parse_local(spec, Path(spec))
+    scheme = spec.split("://", 1)[0] if "://" in spec else ""
+    if scheme and scheme.lower() not in ("file", "s3") and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        raise InvalidArgumentError(f"{spec}: unknown source scheme {scheme!r} (use a path, file://, s3://, grpc:// or http://)")
+    location = parse_store_uri(spec, what="source")
+    if location.scheme == "s3":
+        parts = [p for p in location.prefix.split("/") if p]
+        return _parse_store_path(spec, f"s3://{location.bucket}", parts)
+    return _parse_local(spec, Path(location.path))
+
+
+def _check_checkpoint_name(spec: str, parts: list[str], job_parts: int) -> None:
+    """Refuse JOB/chk-X where X is not a checkpoint number, naming it (rather than reading chk-X as part of a job id).
+
+    ``job_parts`` is how many parts come before chk-X at least: 1 for a pool's JOB/chk-X, 2 for a store's jobs/JOB/chk-X.
+    """
+    if parts and parts[-1] == METADATA_FILE:
+        parts = parts[:-1]
+    if job_parts == 2 and (len(parts) < 3 or parts[-3] + "/" != JOBS):
+        return
+    if len(parts) > job_parts and parts[-1].startswith("chk-") and parse_checkpoint_dir(parts[-1]) is None:
+        raise InvalidArgumentError(f"{spec}: {parts[-1]!r} is not a checkpoint number; write chk-N with N a whole number from 1 (chk-7)")
 
 
 def _parse_pool(spec: str) -> SourceRef:
     url = urlsplit(spec)
-    if not url.hostname or url.port is None:
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if not url.hostname or port is None:
         raise InvalidArgumentError(f"{spec}: pool sources are grpc://HOST:PORT/JOB or grpc://HOST:PORT/JOB/chk-N")
     parts = [unquote(p) for p in url.path.split("/") if p]
+    _check_checkpoint_name(spec, parts, 1)
     checkpoint_id = parse_checkpoint_dir(parts[-1]) if parts else None
     if checkpoint_id is not None:
         parts = parts[:-1]
     if not parts:
         raise InvalidArgumentError(f"{spec}: no job named; pool sources are grpc://HOST:PORT/JOB[/chk-N]")
     host = url.hostname if ":" not in url.hostname else f"[{url.hostname}]"
-    return SourceRef("pool", spec, job="/".join(parts), checkpoint_id=checkpoint_id, address=f"{host}:{url.port}")
+    return SourceRef("pool", spec, job="/".join(parts), checkpoint_id=checkpoint_id, address=f"{host}:{port}")
 
 
 def _parse_store_path(spec: str, root: str, parts: list[str]) -> SourceRef:
+    _check_checkpoint_name(spec, parts, 2)
     found = find_state_folder(parts)
     if found is None:
         if not parts or parts[-1] == METADATA_FILE:
@@ -204,6 +218,7 @@ def _parse_local(spec: str, path: Path) -> SourceRef:
         return SourceRef("file", spec, path=str(path))
     if path.name == METADATA_FILE or path.is_dir() or not path.suffix:
         absolute = path.resolve()
+        _check_checkpoint_name(spec, list(absolute.parts), 2)
         found = find_state_folder(absolute.parts[1:])
         if found is not None:
             root = Path(absolute.anchor, *absolute.parts[1 : 1 + found.root_parts])
@@ -273,10 +288,10 @@ def store_config(config: SourceConfig):
 
 
 def open_source_store(ref: SourceRef, config: SourceConfig):
-    """The object store holding a checkpoint, savepoint or snapshot object."""
+    """The object store holding a checkpoint, savepoint or snapshot object; "no such store" when it is missing."""
     from store import open_store
 
-    return open_store(ref.store_uri, store_config(config))
+    return open_store(ref.store_uri, store_config(config), must_exist=True)
 
 
 def load_source(spec: str, config: SourceConfig | None = None, selection: Selection | None = None) -> StateSource:
