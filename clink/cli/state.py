@@ -38,11 +38,20 @@ if TYPE_CHECKING:
 SOURCES_HELP = """\b
 SRC may be:
   state.snap                                   a snapshot file (canonical or changelog variant)
-  file:///data/jobs/JOB/chk-7[/_metadata]      a checkpoint in a local store
+  file:///data/jobs/JOB/chk-7[/_metadata]      a checkpoint in a local store (also file:/data/...,
+                                               file://localhost/data/..., or the bare path data/jobs/...)
   s3://bucket/prefix/jobs/JOB/chk-7            a checkpoint in S3 (--s3-endpoint-url for MinIO, SeaweedFS, moto)
   file:///data/savepoints/NAME, s3://...       a savepoint
   grpc://HOST:PORT/JOB[/chk-N]                 a pool: its newest complete checkpoint, or checkpoint N
   http://HOST:PORT/jobs/JOB/state.arrow?...    a pool's HTTP export (clink-pool serve --http-port)"""
+
+
+# how state-cat, state-diff and the query projection render bytes (clink/tools/projections.py render_bytes)
+RENDERING_HELP = """\b
+User keys and values render as text when they are printable UTF-8: valid UTF-8 of at least one
+character that is not a space, with no control, format, line or paragraph separator, private-use
+or unassigned character (as Python's str.isprintable), whatever its length. Otherwise 8 bytes
+render as their little-endian int64, anything else as 0x-hex."""
 
 
 def _stdout_console():
@@ -212,10 +221,10 @@ Examples:
   clink state-cat state.snap --slot count -n 0     every entry of slot "count"
   clink state-cat grpc://127.0.0.1:7070/orders -o json --limit 5
 
-\b
-User keys render as little-endian int64 when they are 8 bytes, as text when they are printable
-UTF-8, else as 0x-hex; values likewise, cut to --width characters in text output.
 """
+    + RENDERING_HELP
+    + """ Values are cut to --width
+characters in text output; -o json adds user_key_hex and value_hex."""
     + "\n\n"
     + SOURCES_HELP,
 )
@@ -318,8 +327,9 @@ Examples:
 
 \b
 Entries match on (operator, key bytes); a key in B only is added, in A only removed, in both with
-other value bytes changed. Exit code: 0 equal, 1 different, 2 error.
-"""
+other value bytes changed. Exit code: 0 equal, 1 different, 2 error."""
+    + "\n\n"
+    + RENDERING_HELP
     + "\n\n"
     + SOURCES_HELP,
 )
@@ -401,8 +411,11 @@ The table is called state and has the columns
   op_id UBIGINT, key_group UTINYINT (NULL for operator state and raw keys), slot VARCHAR,
   user_key BLOB, value_bytes BLOB, kind VARCHAR (keyed|operator|raw),
   key_text VARCHAR, key_int64 BIGINT, value_size BIGINT, value_text VARCHAR, value_int64 BIGINT
-(text: 8-byte values as little-endian int64, printable UTF-8 as text, else 0x-hex;
- *_int64: the little-endian int64 reading of 8-byte keys/values, else NULL).
+(*_text: printable UTF-8 as text, whatever its length (valid UTF-8 of at least one character that
+ is not a space, with no control, format, separator, private-use or unassigned character),
+ else 8 bytes as little-endian int64, else 0x-hex;
+ *_int64: the little-endian int64 reading of every 8-byte key/value, text or not, else NULL:
+ key_text = 'user-179' finds a text key, key_int64 = 42 an int64 key).
 
 \b
 Examples:
