@@ -337,6 +337,39 @@ def parquet_projection(table: pa.Table, format_version: int = FORMAT_VERSION, st
     return out.replace_schema_metadata(projection_metadata(format_version, state_versions or StateVersionMap(), "parquet/1"))
 
 
+# the projections a Parquet file clink wrote declares (clink.projection); each holds the five columns of PARQUET_SCHEMA
+READABLE_PROJECTIONS = ("parquet/1", "query/1")
+
+
+def canonical_from_projection(table: pa.Table) -> pa.Table:
+    """The canonical table (op_id, key_bytes, value_bytes) back from the Parquet projection's five columns, vectorised.
+
+    Keyed rows become [kg][slot]|[user key], operator rows [0xFF][slot]|[user key], raw rows (slot <raw>) their user key.
+    """
+    n = table.num_rows
+    key_group = table.column("key_group").combine_chunks()
+    slot = table.column("slot").combine_chunks()
+    if pa.types.is_dictionary(slot.type):
+        slot = slot.dictionary_decode()
+    slot = slot.cast(pa.binary())
+    user_key = _as_binary_array(table.column("user_key"))
+    keyed = np.asarray(key_group.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    lead = np.where(keyed, np.asarray(key_group.fill_null(0).to_numpy(zero_copy_only=False)), 0xFF).astype(np.uint8)
+    # one byte per row, as a binary array over the lead bytes (offsets 0, 1, 2, ...)
+    prefix = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(np.arange(n + 1, dtype=np.int32)), pa.py_buffer(lead)])
+    empty = pa.scalar(b"", pa.binary())
+    joined = pc.binary_join_element_wise(prefix, slot, pa.scalar(b"|", pa.binary()), user_key, empty)
+    is_raw = pc.and_(pa.array(~keyed), pc.equal(slot, pa.scalar(RAW_SLOT.encode(), pa.binary())))
+    key_bytes = pc.if_else(is_raw, user_key, joined)
+    return pa.table(
+        {
+            "op_id": table.column("op_id").cast(pa.uint64()),
+            "key_bytes": key_bytes,
+            "value_bytes": table.column("value_bytes").cast(pa.binary()),
+        }
+    )
+
+
 def signed_op_ids(op_ids: pa.Array | pa.ChunkedArray) -> pa.Array:
     """uint64 op ids bit-cast (not converted) to int64, as Iceberg stores them."""
     values = np.asarray(op_ids.to_numpy(zero_copy_only=False), dtype=np.uint64)

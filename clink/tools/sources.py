@@ -81,12 +81,18 @@ class SourceRef:
     savepoint: str = ""
     address: str = ""  # host:port of a pool
 
+    def what(self) -> str:
+        """What a stored source names, without where: "checkpoint 7 of job 'orders'", "savepoint 'v2'"."""
+        if self.kind == "checkpoint":
+            return f"checkpoint {self.checkpoint_id} of job {self.job!r}"
+        if self.kind == "savepoint":
+            return f"savepoint {self.savepoint!r}"
+        return self.spec
+
     def describe(self) -> str:
         """A short human name for messages."""
-        if self.kind == "checkpoint":
-            return f"checkpoint {self.checkpoint_id} of job {self.job!r} in {self.store_uri}"
-        if self.kind == "savepoint":
-            return f"savepoint {self.savepoint!r} in {self.store_uri}"
+        if self.kind in ("checkpoint", "savepoint"):
+            return f"{self.what()} in {self.store_uri}"
         if self.kind == "pool":
             which = f"checkpoint {self.checkpoint_id}" if self.checkpoint_id is not None else "latest checkpoint"
             return f"{which} of job {self.job!r} on pool {self.address}"
@@ -280,6 +286,49 @@ def _read_local(ref: SourceRef) -> pa.NativeFile:
         raise InvalidArgumentError(f"{ref.spec}: cannot read: {exc.strerror or exc}") from exc
 
 
+PARQUET_MAGIC = b"PAR1"
+
+
+def _is_parquet(data: pa.NativeFile) -> bool:
+    """Whether a local file starts and ends with Parquet's magic (an Arrow stream never does)."""
+    size = data.size()
+    return size >= 8 and data.read_at(4, 0) == PARQUET_MAGIC and data.read_at(4, size - 4) == PARQUET_MAGIC
+
+
+def parquet_source(ref: SourceRef, selection: Selection) -> StateSource:
+    """A StateSource from a Parquet file `clink state-export` wrote (its five columns back into the canonical table)."""
+    import pyarrow.parquet as pq
+
+    from clink.tools.projections import PARQUET_SCHEMA, PROJECTION_KEY, READABLE_PROJECTIONS, canonical_from_projection
+    from snapshot.format import FORMAT_VERSION_KEY, STATE_VERSIONS_KEY
+
+    try:
+        parquet = pq.ParquetFile(ref.path)
+        meta = parquet.schema_arrow.metadata or {}
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptDataError(f"{ref.spec}: a damaged Parquet file: {one_line_text(exc)}") from None
+    projection = meta.get(PROJECTION_KEY, b"").decode("utf-8", errors="replace")
+    if projection not in READABLE_PROJECTIONS:
+        raise InvalidArgumentError(
+            f"{ref.spec}: a Parquet file `clink state-export` did not write (no clink.projection parquet/1 or query/1 in its "
+            "metadata); clink reads Arrow snapshot streams and its own Parquet exports"
+        )
+    try:
+        table = canonical_from_projection(parquet.read(columns=PARQUET_SCHEMA.names))
+        versions = StateVersionMap.unpack(meta.get(STATE_VERSIONS_KEY, b"").decode())
+        format_version = int(meta.get(FORMAT_VERSION_KEY, str(FORMAT_VERSION).encode()))
+    except (pa.ArrowException, ValueError, KeyError, ClinkError) as exc:
+        raise CorruptDataError(f"{ref.spec}: a clink Parquet export that does not read back: {one_line_text(exc)}") from None
+    table = apply_selection(table, selection)
+    operators: dict[int, str | None] = {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {}
+    return StateSource(ref, table, format_version, versions, {}, operators, False)
+
+
+def one_line_text(exc: BaseException) -> str:
+    """An exception's message on one line."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def store_config(config: SourceConfig):
     """The StoreConfig for the S3 endpoint the CLI was given."""
     from store import StoreConfig
@@ -300,7 +349,10 @@ def load_source(spec: str, config: SourceConfig | None = None, selection: Select
     selection = selection or Selection()
     ref = parse_source(spec)
     if ref.kind == "file":
-        return snapshot_source(ref, _read_local(ref), selection)
+        data = _read_local(ref)
+        if _is_parquet(data):
+            return parquet_source(ref, selection)
+        return snapshot_source(ref, data, selection)
     if ref.kind == "object":
         store = open_source_store(ref, config)
         try:
@@ -453,14 +505,24 @@ def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> St
 
 
 def _scan_pool(ref: SourceRef, selection: Selection, client) -> StateSource:
+    where = f"pool {ref.address}"
     with client:
-        checkpoints = {c.checkpoint_id: c for c in client.list_checkpoints(ref.job)}
+        try:
+            checkpoints = {c.checkpoint_id: c for c in client.list_checkpoints(ref.job)}
+        except NotFoundError as exc:
+            if type(exc) is not NotFoundError:
+                raise
+            # the client's context and the pool's message both name the job: say it once
+            raise NotFoundError(f"{where}: job {ref.job!r} not found") from None
         if ref.checkpoint_id is None:
             if not checkpoints:
-                raise NotFoundError(f"job {ref.job!r} on pool {ref.address} has no complete checkpoint")
+                raise NotFoundError(f"{where}: job {ref.job!r} has no complete checkpoint")
             checkpoint_id = max(checkpoints)
         else:
             checkpoint_id = ref.checkpoint_id
+            if checkpoint_id not in checkpoints:  # said here, before a scan whose error would name the checkpoint twice
+                have = ", ".join(str(c) for c in sorted(checkpoints)[-5:]) or "none"
+                raise NotFoundError(f"{where}: checkpoint {checkpoint_id} of job {ref.job!r} not found (newest complete: {have})")
         data = client.scan_checkpoint(ref.job, checkpoint_id, selection.key_groups, selection.op_ids)
         info = checkpoints.get(checkpoint_id)
     source = snapshot_source(ref, data, Selection(selection.key_groups, selection.op_ids))
