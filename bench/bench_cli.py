@@ -40,13 +40,13 @@ def _time(fn, repeat: int = 3) -> float:
 
 
 def _render_py(b: bytes) -> str:
-    if len(b) == 8:
-        return str(struct.unpack("<q", b)[0])
     try:
         text = b.decode("utf-8")
-        return text if text.isprintable() else "0x" + b.hex()
+        if text.strip(" ") and text.isprintable():
+            return text
     except UnicodeDecodeError:
-        return "0x" + b.hex()
+        pass
+    return str(struct.unpack("<q", b)[0]) if len(b) == 8 else "0x" + b.hex()
 
 
 def main() -> None:

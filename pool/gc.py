@@ -158,12 +158,50 @@ class GarbageCollector:
             self.context.store.delete(key)
         return result
 
+    def held_files(self, job: str) -> dict | None:
+        """Why a run may free nothing: the data files of ``job`` its newest complete checkpoint does not read that some
+        manifest or part still names, and which checkpoints those are (None when the job has no complete checkpoint).
+
+        Older checkpoints name their own layers, and a compacted checkpoint keeps the layers it folded as ``retired``
+        (readers may have cached its old version), so those files go only when the checkpoints naming them leave retention.
+        """
+        job = self.context.job(job)
+        layout = JobListing.of(job, list(self.context.store.list(job_prefix(job))))
+        if not layout.complete:
+            return None
+        newest = max(layout.complete)
+        sizes = {info.key: info.size for info in layout.data}
+        used: set[str] = set()
+        holders: dict[str, set[int]] = {}
+        for key in layout.manifest_keys:
+            parsed = parse_job_key(key)
+            assert parsed is not None  # the listing sorted it as a manifest or a part
+            try:
+                m = parse_manifest(self.context.store.get(key), key)
+            except NotFoundError:
+                continue  # gone since the listing: it holds nothing any more
+            if parsed.kind == "metadata" and parsed.checkpoint_id == newest:
+                used = {job_file_key(job, f.path) for f in m.files}
+            for path in m.referenced_paths:
+                holders.setdefault(job_file_key(job, path), set()).add(parsed.checkpoint_id)
+        held = {key: ids for key, ids in holders.items() if key not in used and key in sizes}
+        return {
+            "job": job,
+            "newest_checkpoint": newest,
+            "files": len(held),
+            "bytes": sum(sizes[key] for key in held),
+            "checkpoints": sorted(set().union(*held.values())) if held else [],
+        }
+
     def _stale_temp_files(self, now_ms: int, min_age_ms: int) -> list[Path]:
         """Temp files of a file:// store older than the minimum age: a process killed between write and rename left them."""
         if not isinstance(self.context.store, FileStore):
             return []
-        out = []
-        for path in (self.context.store.root / FILE_STORE_TMP_DIR).iterdir():
+        out: list[Path] = []
+        temp_dir = self.context.store.root / FILE_STORE_TMP_DIR
+        if not temp_dir.is_dir():  # a store nothing was written to yet has no temp folder
+            return out
+        for path in temp_dir.iterdir():
             try:
                 if now_ms - int(path.stat().st_mtime * 1000) >= min_age_ms:
                     out.append(path)

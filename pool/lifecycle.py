@@ -139,3 +139,7 @@ class Lifecycle:
     ) -> GcResult:
         """Delete data files that nothing references and that are older than gc_min_age_s; see GarbageCollector.gc."""
         return self.collector.gc(job, dry_run, max_deletes, progress)
+
+    def held_files(self, job: str) -> dict | None:
+        """Files of ``job`` its newest checkpoint no longer reads that older or compacted checkpoints still name; see GarbageCollector."""
+        return self.collector.held_files(job)

@@ -37,16 +37,28 @@ class FileStore(ObjectStore):
 
     def __init__(self, root: str | os.PathLike[str], config: StoreConfig | None = None) -> None:
         config = config or StoreConfig()
+        # nothing is created here: a reader never leaves a folder behind, the first write makes the root (see create)
         self.root = Path(root).expanduser().resolve()
-        try:
-            (self.root / TMP_DIR).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UnavailableError(f"cannot create store directory {self.root}: {exc}") from exc
         self.uri = f"file://{self.root}"
         self._root_prefix = str(self.root).rstrip("/") + "/"
         self.counters = StoreCounters()
         self.coalesce_gap_bytes = config.coalesce_gap_bytes
         self._thread_lock = threading.Lock()
+
+    def create(self) -> None:
+        """Make the root directory and its temp folder (the first write does it too); UnavailableError naming the root."""
+        try:
+            (self.root / TMP_DIR).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UnavailableError(f"cannot create store directory {self.root}: {exc.strerror or exc}") from exc
+
+    def check_exists(self) -> None:
+        """NotFoundError "no such store" when the root directory is missing; InvalidArgumentError when it is a file."""
+        if self.root.is_dir():
+            return
+        if self.root.exists():
+            raise InvalidArgumentError(f"not a store: {self.root} is a file, not a directory")
+        raise NotFoundError(f"no such store: {self.uri} (the directory {self.root} does not exist)")
 
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
@@ -116,6 +128,8 @@ class FileStore(ObjectStore):
 
     def _write_temp(self, key: str, data: bytes) -> Path:
         tmp = self.root / TMP_DIR / f"{uuid.uuid4().hex}"
+        if not tmp.parent.is_dir():
+            self.create()
         try:
             with open(tmp, "xb") as fh:
                 fh.write(data)
@@ -252,6 +266,9 @@ class FileStore(ObjectStore):
     def delete(self, key: str) -> None:
         """Remove the object; a missing key is fine."""
         path = self._inside(key, self._path(key))
+        if not self.root.is_dir():  # nothing to delete, and the lock file would create the root
+            self.counters.count("delete")
+            return
         with self._locked():
             try:
                 path.unlink()

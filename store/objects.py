@@ -198,24 +198,31 @@ class ObjectStore(ABC):
             return False
         return True
 
+    def check_exists(self) -> None:  # noqa: B027 - a store with nothing to check (memory, views) keeps this no-op
+        """NotFoundError "no such store: ..." when the store itself (a directory, a bucket) is missing; a no-op here."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
 
 
-def open_store(uri: str, config: StoreConfig | None = None) -> ObjectStore:
-    """Open a store by URI scheme: ``file:///abs/dir``, ``s3://bucket/prefix``; a bare path is a local directory."""
-    if not isinstance(uri, str) or not uri:
-        raise InvalidArgumentError(f"store URI {uri!r} must be a non-empty string")
-    if uri.startswith("s3://"):
+def open_store(uri: str, config: StoreConfig | None = None, must_exist: bool = False) -> ObjectStore:
+    """Open the store at ``uri`` (read by store.uris.parse_store_uri); nothing is created until the first write.
+
+    ``must_exist`` (readers: every command that only looks) checks the store is there: NotFoundError "no such store"
+    for a missing directory, "no such bucket" for a missing bucket, instead of reading it as empty.
+    """
+    from store.uris import parse_store_uri
+
+    location = parse_store_uri(uri)
+    store: ObjectStore
+    if location.scheme == "s3":
         from store.s3 import S3Store
 
-        return S3Store.from_uri(uri, config or StoreConfig())
-    if uri.startswith("file://"):
+        store = S3Store(location.bucket, location.prefix, config or StoreConfig())
+    else:
         from store.local import FileStore
 
-        return FileStore(uri[len("file://") :], config or StoreConfig())
-    if "://" in uri:
-        raise InvalidArgumentError(f"store URI {uri!r} has an unknown scheme (use file:// or s3://)")
-    from store.local import FileStore
-
-    return FileStore(uri, config or StoreConfig())
+        store = FileStore(location.path, config or StoreConfig())
+    if must_exist:
+        store.check_exists()
+    return store

@@ -111,6 +111,10 @@ class RetryingStore(ObjectStore):
         """A listing, read whole inside the retry (a listing that fails half-way starts over)."""
         return iter(self._retry(f"list {prefix}", lambda: list(self.inner.list(prefix))))
 
+    def check_exists(self) -> None:
+        """The wrapped store's existence check, retried."""
+        self._retry("check the store exists", self.inner.check_exists)
+
     def delete(self, key: str) -> None:
         """Delete, retried (deleting a missing key is not an error)."""
         self._retry(f"delete {key}", lambda: self.inner.delete(key))

@@ -89,14 +89,15 @@ class S3Store(ObjectStore):
             ),
         )
 
-    @classmethod
-    def from_uri(cls, uri: str, config: StoreConfig) -> S3Store:
-        """Parse ``s3://bucket[/prefix]``."""
-        rest = uri[len("s3://") :]
-        bucket, _, prefix = rest.partition("/")
-        if not bucket:
-            raise InvalidArgumentError(f"store URI {uri!r} has no bucket (use s3://bucket/prefix)")
-        return cls(bucket, prefix, config)
+    def check_exists(self) -> None:
+        """NotFoundError "no such bucket" when the bucket is missing (a prefix with no objects is an empty store)."""
+        try:
+            with self._errors(f"bucket {self.bucket}"):
+                self._client.head_bucket(Bucket=self.bucket)
+        except NotFoundError:
+            where = self.config.endpoint_url or "AWS"
+            raise NotFoundError(f"no such bucket: {self.bucket} (store {self.uri} at {where})") from None
+        self.counters.count("head")
 
     def _full(self, key: str) -> str:
         return self.prefix + validate_key(key)
@@ -113,7 +114,7 @@ class S3Store(ObjectStore):
             if code == "InvalidRange" or status == "416":
                 raise _RangeNotSatisfiable() from None
             if code == "NoSuchBucket":
-                raise NotFoundError(f"bucket {self.bucket} not found ({what})") from exc
+                raise NotFoundError(f"no such bucket: {self.bucket} ({what} in {self.uri})") from exc
             error = error_for_s3_code(code, status)
             raise error(_MESSAGE_BY_ERROR[error].format(what=what, uri=self.uri, code=code, message=message)) from exc
         except (bex.EndpointConnectionError, bex.ConnectionError, bex.ReadTimeoutError, bex.ConnectTimeoutError) as exc:

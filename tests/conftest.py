@@ -12,7 +12,8 @@ Fixtures (reuse them, do not copy them):
 - ``make_file_store`` (function): factory ``make_file_store(name="other") -> FileStore`` under tmp_path.
 
 Its plugins add more: ``seaweed`` (tests/seaweed_fixtures.py), ``pool_store``, ``pool_address`` and
-``memory_pool_address`` (tests/client_fixtures.py), ``pki`` (tests/security_fixtures.py).
+``memory_pool_address`` (tests/client_fixtures.py), ``pki`` (tests/security_fixtures.py), ``cwd_tmp``, ``tmp_tree``,
+``clink_run``, ``clink_pool_run`` and ``s3_cli_env`` (tests/first_hour_fixtures.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from store.local import FileStore
 from store.objects import ObjectStore, StoreConfig
 
 # fixtures shared by modules in every folder, never imported by name; pytest reads pytest_plugins only in this top-level conftest
-pytest_plugins = ["tests.seaweed_fixtures", "tests.client_fixtures", "tests.security_fixtures"]
+pytest_plugins = ["tests.seaweed_fixtures", "tests.client_fixtures", "tests.security_fixtures", "tests.first_hour_fixtures"]
 
 
 @pytest.fixture(scope="session")

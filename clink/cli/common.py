@@ -187,7 +187,7 @@ def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 
 
 def shared_option(*decls: str, **attrs: Any) -> Callable[[Callable], Callable]:
-    """An option a group and its subcommands both take (`clink --s3-region R cat` or `clink cat --s3-region R`).
+    """An option a group and its subcommands both take (`clink --s3-region R state-cat` or `clink state-cat --s3-region R`).
 
     Its value is read with shared_value(ctx, name), not passed to the command function.
     """
@@ -277,6 +277,13 @@ class Output:
         """One line announcing something (a server's ready line): one JSON object per line, or ``text``."""
         click.echo(dumps(doc, one_line=True) if self.is_json else text)
 
+    def note(self, text: str, **facts: Any) -> None:
+        """One line on stderr that is no error (stdout unchanged): ``prog: note: ...``, or a JSON object with the facts."""
+        if self.is_json:
+            click.echo(dumps({"note": one_line(text), **facts}, one_line=True), err=True)
+        else:
+            click.echo(f"{self.prog}: note: {one_line(text)}", err=True)
+
     def error(self, exc: BaseException, code: int, message: str | None = None) -> None:
         """One line on stderr naming what is wrong: ``prog: error: ...``, or a JSON object with the same facts."""
         text = one_line(message if message is not None else str(exc) or type(exc).__name__)
@@ -288,6 +295,13 @@ class Output:
             click.echo(dumps(doc, one_line=True), err=True)
         else:
             click.echo(f"{self.prog}: error: {text}", err=True)
+
+
+def iso_utc(ms: int) -> str:
+    """Epoch milliseconds as an ISO 8601 UTC time to the second: 2026-12-01T09:30:00Z."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def one_line(text: str) -> str:

@@ -35,7 +35,8 @@ STORE_OPTION = shared_option(
     "--store",
     envvar=ENV_POOL_STORE,
     metavar="URI",
-    help=f"Where checkpoints live: file://DIR or s3://BUCKET/PREFIX. Env: {ENV_POOL_STORE}. serve's default: {DEFAULT_STORE}.",
+    help=f"Where checkpoints live: a directory, file:///ABS/DIR or s3://BUCKET/PREFIX (file://HOST/... is refused). "
+    f"Env: {ENV_POOL_STORE}. serve's default: {DEFAULT_STORE}.",
 )
 
 # every command takes these before or after its name: `clink-pool --store S ls` = `clink-pool ls --store S`
@@ -50,11 +51,15 @@ def store_uri_of(ctx: click.Context, default: str | None = None) -> str:
     return uri
 
 
-def open_store_of(ctx: click.Context, uri: str | None = None):
-    """The object store at ``uri`` (default: --store) with the S3 options given wherever."""
+def open_store_of(ctx: click.Context, uri: str | None = None, must_exist: bool = True):
+    """The object store at ``uri`` (default: --store) with the S3 options given wherever.
+
+    ``must_exist`` (every command but a restore or savepoint into a new store): "no such store", exit 3, for a missing one.
+    """
     from store.objects import open_store
 
-    return open_store(uri or store_uri_of(ctx), store_config(shared_value(ctx, "s3_endpoint_url"), shared_value(ctx, "s3_region")))
+    config = store_config(shared_value(ctx, "s3_endpoint_url"), shared_value(ctx, "s3_region"))
+    return open_store(uri or store_uri_of(ctx), config, must_exist=must_exist)
 
 
 class _JsonFormatter(logging.Formatter):

@@ -7,15 +7,15 @@ from typing import Any
 
 import click
 
-from clink.cli.common import DURATION, output_of, progress_callback
+from clink.cli.common import DURATION, iso_utc, output_of, progress_callback
 from clink.cli.pool import open_store_of
 from snapshot.errors import InvalidArgumentError
 
 
-def _lifecycle(ctx: click.Context, **config: Any):
+def _lifecycle(ctx: click.Context, must_exist: bool = True, **config: Any):
     from pool.lifecycle import Lifecycle, LifecycleConfig
 
-    return Lifecycle(open_store_of(ctx), LifecycleConfig(**config))
+    return Lifecycle(open_store_of(ctx, must_exist=must_exist), LifecycleConfig(**config))
 
 
 def _emit(ctx: click.Context, doc: dict, text: str) -> None:
@@ -43,12 +43,12 @@ def savepoint_cmd(
 
     \b
     The folder holds _metadata and data/*.arrow with relative paths only: copy it to any bucket or
-    directory and `clink-pool restore --from-savepoint NAME` or `clink cat` reads it there.
+    directory and `clink-pool restore --from-savepoint NAME` or `clink state-cat` reads it there.
       clink-pool savepoint --store s3://bkt/pool orders release-7
       clink-pool savepoint --store s3://bkt/pool orders nightly -c 42 --target-store file:///archive
     """
     life = _lifecycle(ctx)
-    target = open_store_of(ctx, target_store) if target_store else None
+    target = open_store_of(ctx, target_store, must_exist=False) if target_store else None  # an archive may start here
     info = life.savepoint(job, checkpoint, name, target)
     _emit(
         ctx,
@@ -87,8 +87,11 @@ def restore_cmd(
       clink-pool restore --store file:///pool orders-v2 --from-savepoint nightly --source-store file:///archive
       clink-pool restore --store s3://bkt/pool orders-replay --from-job orders -c 40
     """
-    life = _lifecycle(ctx)
+    # restoring from another store may start a new one at --store; restoring within one store needs it there
+    life = _lifecycle(ctx, must_exist=source_store is None)
     source = open_store_of(ctx, source_store) if source_store else None
+    if not savepoint and source_job and checkpoint == 0:  # "latest" resolved first, so the report names the one restored
+        checkpoint = life.open_checkpoint(source_job, 0, source)[1].checkpoint_id
     with progress_callback("copying data files", show_progress) as step:
         m = life.restore_job(new_job, savepoint=savepoint, job=source_job, checkpoint_id=checkpoint, source_store=source, progress=step)
     if savepoint:  # say whose state it is: a savepoint's name alone does not tell which job it came from
@@ -96,7 +99,7 @@ def restore_cmd(
         origin = f"savepoint {savepoint!r} of job {src.job} (checkpoint {src.checkpoint_id})"
         source_job, checkpoint = src.job, src.checkpoint_id
     else:
-        origin = f"checkpoint {checkpoint or 'latest'} of {source_job}"
+        origin = f"checkpoint {checkpoint} of {source_job}"
     doc = {
         "job": m.job,
         "checkpoint_id": m.checkpoint_id,
@@ -104,6 +107,7 @@ def restore_cmd(
         "bytes": m.total_bytes,
         "source": origin,
         "source_job": source_job,
+        "source_checkpoint_id": checkpoint,
     }
     _emit(ctx, doc, f"restored {origin} as checkpoint 1 of {m.job}: {len(m.files)} file(s), {_mb(m.total_bytes)}")
 
@@ -189,7 +193,9 @@ def gc_cmd(
         retained = [asdict(life.retain(j, keep_last, dry_run)) for j in jobs]
     with progress_callback("deleting unreferenced files", show_progress and not dry_run) as step:
         res = life.gc(job, dry_run, progress=step)
-    doc = {**asdict(res), "retention": retained}
+    # a run that frees nothing says why: which checkpoints still name the files their newest checkpoint no longer reads
+    held = [] if res.deleted else _held(life, [job] if job else life.store.list_prefixes("jobs/"))
+    doc = {**asdict(res), "retention": retained, "held": held}
     verb = "would delete" if dry_run else "deleted"
     lines = []
     for r in retained:
@@ -204,7 +210,29 @@ def gc_cmd(
         f"gc {res.scope}: {verb} {len(res.deleted)} object(s), {_mb(res.deleted_bytes)}; {res.listed_objects} listed, "
         f"{res.referenced} referenced, {res.too_young} younger than {min_age:g}s"
     )
+    for h in held:
+        lines.append(
+            f"  {h['job']}: {h['files']} file(s), {_mb(h['bytes'])} that checkpoint {h['newest_checkpoint']} no longer reads are "
+            f"still named by the manifests of checkpoint(s) {_spans(h['checkpoints'])}; they go once those leave retention "
+            "(--keep-last, pins; a compacted checkpoint keeps the layers it folded until then)"
+        )
     _emit(ctx, doc, "\n".join(lines))
+
+
+def _held(life, jobs: list[str]) -> list[dict]:
+    """Per job, the files older or compacted checkpoints still hold (jobs holding none left out)."""
+    return [h for j in jobs if (h := life.held_files(j)) is not None and h["files"]]
+
+
+def _spans(ids: list[int]) -> str:
+    """1, 2, 3, 5 as '1-3, 5'."""
+    spans: list[list[int]] = []
+    for i in ids:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 @click.command("pin")
@@ -221,8 +249,8 @@ def pin_cmd(ctx: click.Context, job: str, checkpoint: int, holder: str, ttl: flo
     pinned, expires = life.pin(job, checkpoint, holder, ttl)
     _emit(
         ctx,
-        {"job": job, "checkpoint_id": pinned, "holder": holder, "expires_at_ms": expires},
-        f"pinned checkpoint {pinned} of {job} for {holder} until {expires} ms",
+        {"job": job, "checkpoint_id": pinned, "holder": holder, "expires_at_ms": expires, "expires_at": iso_utc(expires)},
+        f"pinned checkpoint {pinned} of {job} for {holder} until {iso_utc(expires)}",
     )
 
 
@@ -258,6 +286,8 @@ def ls_cmd(ctx: click.Context, job: str | None) -> None:
         _emit(ctx, doc, text)
         return
     doc = life.describe_job(job)
+    for p in doc["pins"]:
+        p["expires_at"] = iso_utc(p["expires_at_ms"])
     lines = [f"{'chk':>6} {'state':<10} {'parts':>5} {'layers':>6} {'files':>5} {'bytes':>12}"]
     for c in doc["checkpoints"]:
         if c["complete"]:
@@ -270,7 +300,7 @@ def ls_cmd(ctx: click.Context, job: str | None) -> None:
             )
     for p in doc["pins"]:
         lines.append(
-            f"pin: checkpoint {p['checkpoint_id']} held by {p['holder']} until {p['expires_at_ms']} ms{' (expired)' if p['expired'] else ''}"
+            f"pin: checkpoint {p['checkpoint_id']} held by {p['holder']} until {p['expires_at']}{' (expired)' if p['expired'] else ''}"
         )
     lines.append(f"{doc['data_files']} data file(s), {_mb(doc['data_bytes'])} under jobs/{job}/data/")
     _emit(ctx, doc, "\n".join(lines))

@@ -39,11 +39,20 @@ if TYPE_CHECKING:
 SOURCES_HELP = """\b
 SRC may be:
   state.snap                                   a snapshot file (canonical or changelog variant)
-  file:///data/jobs/JOB/chk-7[/_metadata]      a checkpoint in a local store
+  file:///data/jobs/JOB/chk-7[/_metadata]      a checkpoint in a local store (also file:/data/...,
+                                               file://localhost/data/..., or the bare path data/jobs/...)
   s3://bucket/prefix/jobs/JOB/chk-7            a checkpoint in S3 (--s3-endpoint-url for MinIO, SeaweedFS, moto)
   file:///data/savepoints/NAME, s3://...       a savepoint
   grpc://HOST:PORT/JOB[/chk-N]                 a pool: its newest complete checkpoint, or checkpoint N
   http://HOST:PORT/jobs/JOB/state.arrow?...    a pool's HTTP export (clink-pool serve --http-port)"""
+
+
+# how state-cat, state-diff and the query projection render bytes (clink/tools/projections.py render_bytes)
+RENDERING_HELP = """\b
+User keys and values render as text when they are printable UTF-8: valid UTF-8 of at least one
+character that is not a space, with no control, format, line or paragraph separator, private-use
+or unassigned character (as Python's str.isprintable), whatever its length. Otherwise 8 bytes
+render as their little-endian int64, anything else as 0x-hex."""
 
 
 def _stdout_console():
@@ -156,7 +165,7 @@ def cli() -> None:
     Options before or after the command name mean the same.
     \b
       clink state-cat state.snap --limit 20
-      clink state-export --from grpc://pool:7070/orders --out state.parquet --format parquet
+      clink state-export --from grpc://pool:7420/orders --out state.parquet --format parquet
       clink state-query s3://bkt/jobs/orders/chk-9 "SELECT slot, count(*) FROM state GROUP BY slot"
       clink state-diff chk-8.snap chk-9.snap
       clink check-savepoint file:///data/savepoints/v2 --expect-uid orders-agg
@@ -228,6 +237,30 @@ def _load(ctx: click.Context, spec: str, key_groups: str | None = None, ops: tup
         return load_source(spec, source_config(ctx), selection)
 
 
+def _note_unmatched(
+    ctx: click.Context,
+    tables: list[pa.Table],
+    key_groups: str | None,
+    ops: tuple[str, ...],
+    where: str,
+    slots: dict[str, bool] | None = None,
+) -> None:
+    """One line on stderr naming each filter that matched no entry (the result, empty or not, stays as it was on stdout)."""
+    from clink.tools.sources import parse_op
+    from snapshot import NUM_KEY_GROUPS, leading_bytes
+
+    unmatched = []
+    if ops:
+        present = {int(o) for t in tables if t.num_rows for o in pc.unique(t.column("op_id")).to_pylist()}
+        unmatched += [f"--op {o}" for o in ops if parse_op(o) not in present]
+    # operator-state rows pass any --key-groups: the filter matched when a keyed row is left
+    if key_groups is not None and not any(t.num_rows and (leading_bytes(t.column("key_bytes")) < NUM_KEY_GROUPS).any() for t in tables):
+        unmatched.append(f"--key-groups {key_groups} (no keyed entry)")
+    unmatched += [f"--slot {name}" for name, found in (slots or {}).items() if not found]
+    if unmatched:
+        output_of(ctx).note(f"nothing matches {' and '.join(unmatched)} in {where}", unmatched=unmatched)
+
+
 def _echo_json(doc: object) -> None:
     click.echo(dumps(doc))
 
@@ -246,12 +279,12 @@ def _op_label(op_id: int, operators: dict[int, str | None]) -> str:
 Examples:
   clink state-cat state.snap                       first 50 entries, sorted by operator and key
   clink state-cat state.snap --slot count -n 0     every entry of slot "count"
-  clink state-cat grpc://127.0.0.1:7070/orders -o json --limit 5
+  clink state-cat grpc://127.0.0.1:7420/orders -o json --limit 5
 
-\b
-User keys render as little-endian int64 when they are 8 bytes, as text when they are printable
-UTF-8, else as 0x-hex; values likewise, cut to --width characters in text output.
 """
+    + RENDERING_HELP
+    + """ Values are cut to --width
+characters in text output; -o json adds user_key_hex and value_hex."""
     + "\n\n"
     + SOURCES_HELP,
 )
@@ -267,9 +300,13 @@ def state_cat(ctx, src, limit, slots, width, key_groups, ops):
 
     source = _load(ctx, src, key_groups, ops)
     table = source.table.select(["op_id", "key_bytes", "value_bytes"])
+    selected = table
+    found: set[str] = set()
     if slots:
-        wanted = pc.is_in(decode_keys(table.column("key_bytes")).column("slot"), value_set=pa.array(list(slots), pa.string()))
-        table = table.filter(wanted)
+        slot_column = decode_keys(table.column("key_bytes")).column("slot")
+        table = table.filter(pc.is_in(slot_column, value_set=pa.array(list(slots), pa.string())))
+        found = set(pc.unique(slot_column).to_pylist()) if len(slot_column) else set()
+    _note_unmatched(ctx, [selected], key_groups, ops, source.label, {name: name in found for name in dict.fromkeys(slots)})
     total = table.num_rows
     order = [("op_id", "ascending"), ("key_bytes", "ascending")]
     if 0 < limit < total:
@@ -349,13 +386,14 @@ def state_cat(ctx, src, limit, slots, width, key_groups, ops):
     epilog="""\b
 Examples:
   clink state-diff before.snap after.snap
-  clink state-diff grpc://pool:7070/orders/chk-8 grpc://pool:7070/orders/chk-9 --limit 0 -o json
+  clink state-diff grpc://pool:7420/orders/chk-8 grpc://pool:7420/orders/chk-9 --limit 0 -o json
   clink state-diff a.snap b.snap >/dev/null && echo same
 
 \b
 Entries match on (operator, key bytes); a key in B only is added, in A only removed, in both with
-other value bytes changed. Exit code: 0 equal, 1 different, 2 error.
-"""
+other value bytes changed. Exit code: 0 equal, 1 different, an error's as in clink --help (3 not found)."""
+    + "\n\n"
+    + RENDERING_HELP
     + "\n\n"
     + SOURCES_HELP,
 )
@@ -370,6 +408,7 @@ def state_diff(ctx, a, b, limit, key_groups, ops):
 
     source_a = _load(ctx, a, key_groups, ops)
     source_b = _load(ctx, b, key_groups, ops)
+    _note_unmatched(ctx, [source_a.table, source_b.table], key_groups, ops, "A or B")
     diff = diff_tables(source_a.table, source_b.table)
     entries = rendered_entries(diff, None if limit == 0 else limit)
     counts = diff.counts()
@@ -437,14 +476,17 @@ The table is called state and has the columns
   op_id UBIGINT, key_group UTINYINT (NULL for operator state and raw keys), slot VARCHAR,
   user_key BLOB, value_bytes BLOB, kind VARCHAR (keyed|operator|raw),
   key_text VARCHAR, key_int64 BIGINT, value_size BIGINT, value_text VARCHAR, value_int64 BIGINT
-(text: 8-byte values as little-endian int64, printable UTF-8 as text, else 0x-hex;
- *_int64: the little-endian int64 reading of 8-byte keys/values, else NULL).
+(*_text: printable UTF-8 as text, whatever its length (valid UTF-8 of at least one character that
+ is not a space, with no control, format, separator, private-use or unassigned character),
+ else 8 bytes as little-endian int64, else 0x-hex;
+ *_int64: the little-endian int64 reading of every 8-byte key/value, text or not, else NULL:
+ key_text = 'user-179' finds a text key, key_int64 = 42 an int64 key).
 
 \b
 Examples:
   clink state-query state.snap "SELECT slot, count(*) AS n FROM state GROUP BY slot ORDER BY n DESC"
   clink state-query state.snap "SELECT key_int64, value_int64 FROM state WHERE slot = 'count' AND value_int64 > 10"
-  clink state-query grpc://127.0.0.1:7070/orders "SELECT * FROM state WHERE key_group IS NULL" -o json
+  clink state-query grpc://127.0.0.1:7420/orders "SELECT * FROM state WHERE key_group IS NULL" -o json
 """
     + "\n\n"
     + SOURCES_HELP,
@@ -461,6 +503,7 @@ def state_query(ctx, src, sql, limit, key_groups, ops):
     from clink.tools.projections import query_projection
 
     source = _load(ctx, src, key_groups, ops)
+    _note_unmatched(ctx, [source.table], key_groups, ops, source.label)
     state = query_projection(source.table)
     con = duckdb.connect(":memory:")
     try:
@@ -517,7 +560,7 @@ Examples:
   clink check-savepoint state.snap -o json
 
 \b
-Exit code: 0 every check passed, 1 a check failed, 2 usage error or source not found.
+Exit code: 0 every check passed, 1 a check failed, 2 bad usage, 3 source not found (the rest in clink --help).
 """
     + "\n\n"
     + SOURCES_HELP,
@@ -567,7 +610,8 @@ Formats:
   arrow    the canonical snapshot stream (restorable; any Arrow reader opens it)
   parquet  op_id uint64, key_group uint8 (NULL for operator state and raw keys), slot utf8,
            user_key binary, value_bytes binary; clink.format_version and clink.state_versions
-           in the file's key-value metadata (a derived projection, not restorable)
+           in the file's key-value metadata (a derived projection, not restorable; state-cat,
+           state-diff and state-query read it back)
   iceberg  the same five columns as an Iceberg table (op_id bit-cast to long, key_group int)
            in the catalog you name; a local SQL catalog needs no server
   query    Parquet of the query projection (the five columns plus kind, key_text, key_int64,
@@ -576,10 +620,10 @@ Formats:
 \b
 Examples:
   clink state-export --from state.snap --out state.parquet
-  clink state-export --from grpc://127.0.0.1:7070/orders --out orders.arrow --key-groups 0-63
+  clink state-export --from grpc://127.0.0.1:7420/orders --out orders.arrow --key-groups 0-63
   clink state-export --from s3://bkt/jobs/orders/chk-9 --format iceberg \\
       --catalog-uri sqlite:////tmp/cat.db --warehouse file:///tmp/wh --table clink.orders
-  duckdb -c "SELECT slot, count(*) FROM 'state.parquet' GROUP BY slot"
+  python -c "import duckdb; duckdb.sql(\\"SELECT slot, count(*) FROM 'state.parquet' GROUP BY slot\\").show()"
 
 \b
 Files are written to a temporary name and renamed into place: a failed export leaves no partial file.
@@ -593,7 +637,8 @@ Files are written to a temporary name and renamed into place: a failed export le
     "--format",
     "fmt",
     type=click.Choice(["arrow", "parquet", "iceberg", "query"]),
-    help="Output format; default: from --out's suffix (.parquet, else arrow), iceberg when --table is given.",
+    help="Output format; default: from --out's suffix (.arrow, .arrows, .ipc, .snap: arrow; .parquet, .pq: parquet; any other "
+    "is refused), arrow for '-', iceberg when --table is given.",
 )
 @_selection_options
 @click.option("--catalog-uri", metavar="URI", help="Iceberg: SQL catalog URI, e.g. sqlite:////tmp/catalog.db.")
@@ -654,6 +699,7 @@ def state_export(
     with progress(show_progress) as step:
         step(f"reading {src}")
         source = load_source(src, source_config(ctx), selection)
+        _note_unmatched(ctx, [source.table], key_groups, ops, source.label)
         rows = source.table.num_rows
         if fmt == "arrow":
             written = _export_arrow(source, dst, step, force)
@@ -673,12 +719,32 @@ def state_export(
     return EXIT_OK
 
 
+# --out suffixes that name a format (.snap: the snapshot files of this project's examples)
+ARROW_SUFFIXES = (".arrow", ".arrows", ".ipc", ".snap")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
 def _infer_format(dst: str | None, table_name: str | None) -> str:
+    """The --format that --out's suffix names; a usage error for a suffix that names none (out.csv is no Arrow file)."""
+    import stat
+
     if table_name and not dst:
         return "iceberg"
-    if dst and Path(dst).suffix.lower() in (".parquet", ".pq"):
+    if not dst or dst == "-":
+        return "arrow"
+    suffix = Path(dst).suffix.lower()
+    if suffix in PARQUET_SUFFIXES:
         return "parquet"
-    return "arrow"
+    if suffix in ARROW_SUFFIXES:
+        return "arrow"
+    try:
+        mode = Path(dst).expanduser().stat().st_mode
+    except OSError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        return "arrow"  # a device or FIFO (/dev/stdout, a pipe) takes the stream
+    named = f"the suffix {suffix!r}" if suffix else "a name without a suffix"
+    raise click.UsageError(f"--out {dst}: {named} names no format; end it in .arrow or .parquet, or pass --format arrow, parquet or query")
 
 
 def _check_out(dst: str, force: bool) -> os.stat_result | None:

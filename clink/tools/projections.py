@@ -263,19 +263,39 @@ def int64_readings(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pa.array(values, pa.int64(), mask=~is8)
 
 
-def render_bytes(arr: pa.Array | pa.ChunkedArray, int64_first: bool = True) -> tuple[pa.Array, pa.Array]:
-    """(text, int64) renderings: 8-byte rows as little-endian int64, printable UTF-8 as text, anything else as 0x-hex."""
+# what "printable" means for rendering: valid UTF-8, every character printable, and not empty or only spaces
+PRINTABLE_RULE = (
+    "printable UTF-8 (valid UTF-8 of at least one character that is not a space, with no control, format, "
+    "line or paragraph separator, private-use or unassigned character: Python's str.isprintable)"
+)
+
+
+def printable_mask(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per row: do the bytes render as text (PRINTABLE_RULE)? Vectorised: a UTF-8 check over bytes, then Arrow kernels."""
     arr = _as_binary_array(arr)
-    n = len(arr)
+    valid = utf8_valid_mask(arr)
+    # invalid rows become "" before the cast, so Arrow never sees them as text (and "" is not printable below)
+    as_text = (arr if valid.all() else pc.if_else(pa.array(valid), arr, pa.scalar(b"", pa.binary()))).cast(pa.string())
+    printable = pc.utf8_is_printable(as_text)
+    visible = pc.greater(pc.binary_length(pc.utf8_trim(as_text, characters=" ")), 0)
+    return np.asarray(pc.and_(printable, visible).to_numpy(zero_copy_only=False), dtype=bool) & valid
+
+
+def render_bytes(arr: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, pa.Array]:
+    """(text, int64) renderings of every row: printable UTF-8 as text (whatever its length), else 8 bytes as int64, else 0x-hex.
+
+    The int64 is the little-endian reading of every 8-byte row, text or not (null for other lengths).
+    """
+    arr = _as_binary_array(arr)
     ints = int64_readings(arr)
     is8 = ~np.asarray(ints.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    use_int = is8 if int64_first else np.zeros(n, dtype=bool)
-    # int64 rows never need the UTF-8 check; the rest must be valid before Arrow may treat them as text
-    text_ok = utf8_valid_mask(arr, ~use_int) & ~use_int
-    as_text = (arr if text_ok.all() else pc.if_else(pa.array(text_ok), arr, pa.scalar(b"", pa.binary()))).cast(pa.string())
-    printable = np.asarray(pc.utf8_is_printable(as_text).to_numpy(zero_copy_only=False), dtype=bool) & text_ok
-    text = pc.if_else(pa.array(use_int), pc.cast(ints, pa.string()), as_text) if use_int.any() else as_text
-    needs_hex = ~use_int & ~printable
+    printable = printable_mask(arr)
+    # rows that are not printable are blanked before the cast: Arrow may only hold valid UTF-8 as a string
+    text = (arr if printable.all() else pc.if_else(pa.array(printable), arr, pa.scalar(b"", pa.binary()))).cast(pa.string())
+    use_int = is8 & ~printable
+    if use_int.any():
+        text = pc.if_else(pa.array(use_int), pc.cast(ints, pa.string()), text)
+    needs_hex = ~printable & ~is8
     if needs_hex.any():
         # hex only for the rows that need it, scattered into place
         text = pc.replace_with_mask(text, pa.array(needs_hex), _hex(arr.filter(pa.array(needs_hex))))
@@ -315,6 +335,39 @@ def parquet_projection(table: pa.Table, format_version: int = FORMAT_VERSION, st
         schema=PARQUET_SCHEMA,
     )
     return out.replace_schema_metadata(projection_metadata(format_version, state_versions or StateVersionMap(), "parquet/1"))
+
+
+# the projections a Parquet file clink wrote declares (clink.projection); each holds the five columns of PARQUET_SCHEMA
+READABLE_PROJECTIONS = ("parquet/1", "query/1")
+
+
+def canonical_from_projection(table: pa.Table) -> pa.Table:
+    """The canonical table (op_id, key_bytes, value_bytes) back from the Parquet projection's five columns, vectorised.
+
+    Keyed rows become [kg][slot]|[user key], operator rows [0xFF][slot]|[user key], raw rows (slot <raw>) their user key.
+    """
+    n = table.num_rows
+    key_group = table.column("key_group").combine_chunks()
+    slot = table.column("slot").combine_chunks()
+    if pa.types.is_dictionary(slot.type):
+        slot = slot.dictionary_decode()
+    slot = slot.cast(pa.binary())
+    user_key = _as_binary_array(table.column("user_key"))
+    keyed = np.asarray(key_group.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    lead = np.where(keyed, np.asarray(key_group.fill_null(0).to_numpy(zero_copy_only=False)), 0xFF).astype(np.uint8)
+    # one byte per row, as a binary array over the lead bytes (offsets 0, 1, 2, ...)
+    prefix = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(np.arange(n + 1, dtype=np.int32)), pa.py_buffer(lead)])
+    empty = pa.scalar(b"", pa.binary())
+    joined = pc.binary_join_element_wise(prefix, slot, pa.scalar(b"|", pa.binary()), user_key, empty)
+    is_raw = pc.and_(pa.array(~keyed), pc.equal(slot, pa.scalar(RAW_SLOT.encode(), pa.binary())))
+    key_bytes = pc.if_else(is_raw, user_key, joined)
+    return pa.table(
+        {
+            "op_id": table.column("op_id").cast(pa.uint64()),
+            "key_bytes": key_bytes,
+            "value_bytes": table.column("value_bytes").cast(pa.binary()),
+        }
+    )
 
 
 def signed_op_ids(op_ids: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clink.tools.projections import decode_keys, key_groups_of
-from clink.tools.sources import SourceConfig, SourceRef, _read_local, parse_source
+from clink.tools.sources import SourceConfig, SourceRef, _is_parquet, _read_local, parse_source
 from snapshot import (
     NUM_KEY_GROUPS,
     OPERATOR_STATE_PREFIX,
@@ -221,6 +221,14 @@ def _check_snapshot_source(ref: SourceRef, config: SourceConfig, report: CheckRe
 
         data = open_source_store(ref, config).get(ref.path)
     report.files_checked = 1
+    if ref.kind == "file" and _is_parquet(data):  # state-cat reads it, but nothing restores from it
+        report.add(
+            "format",
+            FAIL,
+            "a Parquet file: clink's Parquet export is a derived projection, not restorable; check the Arrow stream, "
+            "checkpoint or savepoint it came from",
+        )
+        return
     # one file: the report's title names it already
     _record_table(report, check_snapshot_bytes(report, data))
 

@@ -27,7 +27,8 @@ from snapshot import (
 )
 from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError, error_class_named, prefixed, rebuilt
 from snapshot.format import FORMAT_VERSION
-from store.layout import SAVEPOINT_MANIFEST, StateFolder, find_state_folder, parse_checkpoint_dir
+from store.layout import JOBS, SAVEPOINT_MANIFEST, StateFolder, find_state_folder, parse_checkpoint_dir
+from store.uris import parse_store_uri
 
 if TYPE_CHECKING:
     import ssl
@@ -80,12 +81,18 @@ class SourceRef:
     savepoint: str = ""
     address: str = ""  # host:port of a pool
 
+    def what(self) -> str:
+        """What a stored source names, without where: "checkpoint 7 of job 'orders'", "savepoint 'v2'"."""
+        if self.kind == "checkpoint":
+            return f"checkpoint {self.checkpoint_id} of job {self.job!r}"
+        if self.kind == "savepoint":
+            return f"savepoint {self.savepoint!r}"
+        return self.spec
+
     def describe(self) -> str:
         """A short human name for messages."""
-        if self.kind == "checkpoint":
-            return f"checkpoint {self.checkpoint_id} of job {self.job!r} in {self.store_uri}"
-        if self.kind == "savepoint":
-            return f"savepoint {self.savepoint!r} in {self.store_uri}"
+        if self.kind in ("checkpoint", "savepoint"):
+            return f"{self.what()} in {self.store_uri}"
         if self.kind == "pool":
             which = f"checkpoint {self.checkpoint_id}" if self.checkpoint_id is not None else "latest checkpoint"
             return f"{which} of job {self.job!r} on pool {self.address}"
@@ -144,44 +151,57 @@ def parse_op(text: str) -> int:
 
 
 def parse_source(spec: str) -> SourceRef:
-    """Work out what SRC names; nothing is read yet."""
+    """Work out what SRC names; nothing is read yet (store locations go through store.uris.parse_store_uri)."""
     if not spec or not spec.strip():
         raise InvalidArgumentError("source is empty; give a snapshot file, a file:// or s3:// checkpoint, or grpc://HOST:PORT/JOB")
     if spec.startswith("grpc://"):
         return _parse_pool(spec)
     if spec.startswith(("http://", "https://")):
         return SourceRef("http", spec)
-    if spec.startswith("s3://"):
-        url = urlsplit(spec)
-        if not url.netloc:
-            raise InvalidArgumentError(f"{spec}: s3 sources are s3://BUCKET/PREFIX/...")
-        parts = [p for p in unquote(url.path).split("/") if p]
-        return _parse_store_path(spec, f"s3://{url.netloc}", parts)
-    if spec.startswith("file://"):
-        url = urlsplit(spec)
-        path = unquote(url.netloc + url.path) if url.netloc not in ("", "localhost") else unquote(url.path)
-        return _parse_local(spec, Path(path))
-    if "://" in spec:
-        scheme = spec.split("://", 1)[0]
-        raise InvalidArgumentError(f"{spec}: unknown source scheme {scheme!r} (use a path, file://, s3:// or grpc://)")
-    return _parse_local(spec, Path(spec))
+    scheme = spec.split("://", 1)[0] if "://" in spec else ""
+    if scheme and scheme.lower() not in ("file", "s3") and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        raise InvalidArgumentError(f"{spec}: unknown source scheme {scheme!r} (use a path, file://, s3://, grpc:// or http://)")
+    location = parse_store_uri(spec, what="source")
+    if location.scheme == "s3":
+        parts = [p for p in location.prefix.split("/") if p]
+        return _parse_store_path(spec, f"s3://{location.bucket}", parts)
+    return _parse_local(spec, Path(location.path))
+
+
+def _check_checkpoint_name(spec: str, parts: list[str], job_parts: int) -> None:
+    """Refuse JOB/chk-X where X is not a checkpoint number, naming it (rather than reading chk-X as part of a job id).
+
+    ``job_parts`` is how many parts come before chk-X at least: 1 for a pool's JOB/chk-X, 2 for a store's jobs/JOB/chk-X.
+    """
+    if parts and parts[-1] == METADATA_FILE:
+        parts = parts[:-1]
+    if job_parts == 2 and (len(parts) < 3 or parts[-3] + "/" != JOBS):
+        return
+    if len(parts) > job_parts and parts[-1].startswith("chk-") and parse_checkpoint_dir(parts[-1]) is None:
+        raise InvalidArgumentError(f"{spec}: {parts[-1]!r} is not a checkpoint number; write chk-N with N a whole number from 1 (chk-7)")
 
 
 def _parse_pool(spec: str) -> SourceRef:
     url = urlsplit(spec)
-    if not url.hostname or url.port is None:
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if not url.hostname or port is None:
         raise InvalidArgumentError(f"{spec}: pool sources are grpc://HOST:PORT/JOB or grpc://HOST:PORT/JOB/chk-N")
     parts = [unquote(p) for p in url.path.split("/") if p]
+    _check_checkpoint_name(spec, parts, 1)
     checkpoint_id = parse_checkpoint_dir(parts[-1]) if parts else None
     if checkpoint_id is not None:
         parts = parts[:-1]
     if not parts:
         raise InvalidArgumentError(f"{spec}: no job named; pool sources are grpc://HOST:PORT/JOB[/chk-N]")
     host = url.hostname if ":" not in url.hostname else f"[{url.hostname}]"
-    return SourceRef("pool", spec, job="/".join(parts), checkpoint_id=checkpoint_id, address=f"{host}:{url.port}")
+    return SourceRef("pool", spec, job="/".join(parts), checkpoint_id=checkpoint_id, address=f"{host}:{port}")
 
 
 def _parse_store_path(spec: str, root: str, parts: list[str]) -> SourceRef:
+    _check_checkpoint_name(spec, parts, 2)
     found = find_state_folder(parts)
     if found is None:
         if not parts or parts[-1] == METADATA_FILE:
@@ -204,6 +224,7 @@ def _parse_local(spec: str, path: Path) -> SourceRef:
         return SourceRef("file", spec, path=str(path))
     if path.name == METADATA_FILE or path.is_dir() or not path.suffix:
         absolute = path.resolve()
+        _check_checkpoint_name(spec, list(absolute.parts), 2)
         found = find_state_folder(absolute.parts[1:])
         if found is not None:
             root = Path(absolute.anchor, *absolute.parts[1 : 1 + found.root_parts])
@@ -265,6 +286,49 @@ def _read_local(ref: SourceRef) -> pa.NativeFile:
         raise InvalidArgumentError(f"{ref.spec}: cannot read: {exc.strerror or exc}") from exc
 
 
+PARQUET_MAGIC = b"PAR1"
+
+
+def _is_parquet(data: pa.NativeFile) -> bool:
+    """Whether a local file starts and ends with Parquet's magic (an Arrow stream never does)."""
+    size = data.size()
+    return size >= 8 and data.read_at(4, 0) == PARQUET_MAGIC and data.read_at(4, size - 4) == PARQUET_MAGIC
+
+
+def parquet_source(ref: SourceRef, selection: Selection) -> StateSource:
+    """A StateSource from a Parquet file `clink state-export` wrote (its five columns back into the canonical table)."""
+    import pyarrow.parquet as pq
+
+    from clink.tools.projections import PARQUET_SCHEMA, PROJECTION_KEY, READABLE_PROJECTIONS, canonical_from_projection
+    from snapshot.format import FORMAT_VERSION_KEY, STATE_VERSIONS_KEY
+
+    try:
+        parquet = pq.ParquetFile(ref.path)
+        meta = parquet.schema_arrow.metadata or {}
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptDataError(f"{ref.spec}: a damaged Parquet file: {one_line_text(exc)}") from None
+    projection = meta.get(PROJECTION_KEY, b"").decode("utf-8", errors="replace")
+    if projection not in READABLE_PROJECTIONS:
+        raise InvalidArgumentError(
+            f"{ref.spec}: a Parquet file `clink state-export` did not write (no clink.projection parquet/1 or query/1 in its "
+            "metadata); clink reads Arrow snapshot streams and its own Parquet exports"
+        )
+    try:
+        table = canonical_from_projection(parquet.read(columns=PARQUET_SCHEMA.names))
+        versions = StateVersionMap.unpack(meta.get(STATE_VERSIONS_KEY, b"").decode())
+        format_version = int(meta.get(FORMAT_VERSION_KEY, str(FORMAT_VERSION).encode()))
+    except (pa.ArrowException, ValueError, KeyError, ClinkError) as exc:
+        raise CorruptDataError(f"{ref.spec}: a clink Parquet export that does not read back: {one_line_text(exc)}") from None
+    table = apply_selection(table, selection)
+    operators: dict[int, str | None] = {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {}
+    return StateSource(ref, table, format_version, versions, {}, operators, False)
+
+
+def one_line_text(exc: BaseException) -> str:
+    """An exception's message on one line."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def store_config(config: SourceConfig):
     """The StoreConfig for the S3 endpoint the CLI was given."""
     from store import StoreConfig
@@ -273,10 +337,10 @@ def store_config(config: SourceConfig):
 
 
 def open_source_store(ref: SourceRef, config: SourceConfig):
-    """The object store holding a checkpoint, savepoint or snapshot object."""
+    """The object store holding a checkpoint, savepoint or snapshot object; "no such store" when it is missing."""
     from store import open_store
 
-    return open_store(ref.store_uri, store_config(config))
+    return open_store(ref.store_uri, store_config(config), must_exist=True)
 
 
 def load_source(spec: str, config: SourceConfig | None = None, selection: Selection | None = None) -> StateSource:
@@ -285,7 +349,10 @@ def load_source(spec: str, config: SourceConfig | None = None, selection: Select
     selection = selection or Selection()
     ref = parse_source(spec)
     if ref.kind == "file":
-        return snapshot_source(ref, _read_local(ref), selection)
+        data = _read_local(ref)
+        if _is_parquet(data):
+            return parquet_source(ref, selection)
+        return snapshot_source(ref, data, selection)
     if ref.kind == "object":
         store = open_source_store(ref, config)
         try:
@@ -438,14 +505,24 @@ def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> St
 
 
 def _scan_pool(ref: SourceRef, selection: Selection, client) -> StateSource:
+    where = f"pool {ref.address}"
     with client:
-        checkpoints = {c.checkpoint_id: c for c in client.list_checkpoints(ref.job)}
+        try:
+            checkpoints = {c.checkpoint_id: c for c in client.list_checkpoints(ref.job)}
+        except NotFoundError as exc:
+            if type(exc) is not NotFoundError:
+                raise
+            # the client's context and the pool's message both name the job: say it once
+            raise NotFoundError(f"{where}: job {ref.job!r} not found") from None
         if ref.checkpoint_id is None:
             if not checkpoints:
-                raise NotFoundError(f"job {ref.job!r} on pool {ref.address} has no complete checkpoint")
+                raise NotFoundError(f"{where}: job {ref.job!r} has no complete checkpoint")
             checkpoint_id = max(checkpoints)
         else:
             checkpoint_id = ref.checkpoint_id
+            if checkpoint_id not in checkpoints:  # said here, before a scan whose error would name the checkpoint twice
+                have = ", ".join(str(c) for c in sorted(checkpoints)[-5:]) or "none"
+                raise NotFoundError(f"{where}: checkpoint {checkpoint_id} of job {ref.job!r} not found (newest complete: {have})")
         data = client.scan_checkpoint(ref.job, checkpoint_id, selection.key_groups, selection.op_ids)
         info = checkpoints.get(checkpoint_id)
     source = snapshot_source(ref, data, Selection(selection.key_groups, selection.op_ids))

@@ -24,7 +24,7 @@ def _open(ref: SourceRef, store: ObjectStore) -> tuple[ObjectStore, str, int]:
     try:
         data = store.get(key)
     except NotFoundError:
-        raise NotFoundError(f"{ref.describe()}: no {SAVEPOINT_MANIFEST} at {store.uri}/{key}") from None
+        raise NotFoundError(f"{ref.what()} not found (no {SAVEPOINT_MANIFEST} at {store.uri}/{key})") from None
     manifest = parse_manifest(data, key)
     return SavepointView(store, savepoint_prefix(ref.savepoint), manifest.job, manifest.checkpoint_id), manifest.job, manifest.checkpoint_id
 
@@ -55,10 +55,12 @@ def read_stored(ref: SourceRef, store, selection: Selection) -> StateSource:
 
 
 def _named(exc: ClinkError, ref: SourceRef) -> ClinkError:
+    """The error with the source named in front, unless it already names it (a message never says a thing twice)."""
     if isinstance(exc, ChecksumMismatchError):
         return exc
     text = str(exc)
-    if ref.describe() in text or ref.spec in text:
+    said = (ref.describe(), ref.spec, ref.what(), f"checkpoint {ref.checkpoint_id} of job {ref.job}")
+    if any(s in text for s in said if s):
         return exc
     return prefixed(exc, ref.describe())
 
@@ -76,7 +78,7 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
         store, job, checkpoint_id = _open(ref, store)
         manifest_key = metadata_key(job, checkpoint_id)
         if not store.exists(manifest_key):
-            raise NotFoundError(f"{ref.describe()}: no _metadata at {store.uri}/{manifest_key}")
+            raise NotFoundError(f"{ref.what()} not found (no _metadata at {store.uri}/{manifest_key})")
         reader = CheckpointReader(store, job)
         manifest = reader.manifest(checkpoint_id)
     except CorruptDataError as exc:

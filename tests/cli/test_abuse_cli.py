@@ -178,7 +178,7 @@ def test_the_file_store_does_not_follow_symlinks_out_of_its_root(tmp_path):
     outside.mkdir()
     (outside / "secret").write_bytes(b"not yours")
     store = FileStore(tmp_path / "store")
-    (tmp_path / "store" / "jobs").mkdir()
+    (tmp_path / "store" / "jobs").mkdir(parents=True)  # a FileStore makes its root on the first write, not on open
     (tmp_path / "store" / "jobs" / "j").symlink_to(outside)
     for attempt in (
         lambda: store.get("jobs/j/secret"),

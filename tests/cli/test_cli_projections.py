@@ -35,14 +35,15 @@ def key_bytes(draw) -> bytes:
 
 
 def _model_render(b: bytes) -> str:
-    if len(b) == 8:
-        return str(struct.unpack("<q", b)[0])
+    # printable UTF-8 (not empty, not only spaces) as text whatever its length, else 8 bytes as int64, else hex
     try:
         text = b.decode("utf-8")
     except UnicodeDecodeError:
-        return "0x" + b.hex()
-    if pa.compute.utf8_is_printable(pa.array([text])).to_pylist()[0]:
+        text = None
+    if text is not None and text.strip(" ") and pa.compute.utf8_is_printable(pa.array([text])).to_pylist()[0]:
         return text
+    if len(b) == 8:
+        return str(struct.unpack("<q", b)[0])
     return "0x" + b.hex()
 
 
