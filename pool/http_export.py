@@ -12,6 +12,9 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange
 from pool.http_serving import SOCKET_TIMEOUT_S, PoolHttpServer, PoolRequestHandler, serve_http, stop_http
+from pool.metrics import PoolMetrics
+from pool.streaming import stream_chunks
+from snapshot import SnapshotArrowWriter, StateVersionMap
 from snapshot.errors import (
     ClinkError,
     ConflictError,
@@ -27,6 +30,7 @@ from snapshot.errors import (
     UnavailableError,
     lookup_by_class,
 )
+from snapshot.state_selectors import LATEST_CHECKPOINT, parse_checkpoint, parse_key_groups, parse_op
 
 log = logging.getLogger("clink.pool.http")
 
@@ -36,6 +40,8 @@ _PARAMS = {"checkpoint", "key_groups", "op_id"}
 
 # seconds an export may stream in all (a reader slower than this is cut off)
 EXPORT_MAX_S = 3600.0
+# the outcome counted and logged for an export cut after its headers went out (its status line already said 200)
+ABORTED = "aborted"
 
 # Domain errors to HTTP status, looked up along the exception's MRO as pool/errors.py does for gRPC.
 STATUS_BY_ERROR: dict[type[ClinkError], int] = {
@@ -91,36 +97,21 @@ def parse_request(path: str) -> ExportRequest | None:
     unknown = sorted(set(params) - _PARAMS)
     if unknown:
         raise InvalidArgumentError(f"unknown parameter(s) {', '.join(unknown)} (known: {', '.join(sorted(_PARAMS))})")
-    checkpoint_id = 0
-    raw = _one(params, "checkpoint")
-    if raw not in (None, "", "latest"):
-        if not raw.isdigit() or int(raw) < 1:
-            raise InvalidArgumentError(f"checkpoint={raw!r} must be a positive integer or 'latest'")
-        checkpoint_id = int(raw)
-    key_groups = None
+    # the CLI's selectors, parsed by the same functions: checkpoint 0 or absent is the newest complete one
+    checkpoint_id = parse_checkpoint(_one(params, "checkpoint"), "checkpoint")
     raw = _one(params, "key_groups")
-    if raw not in (None, ""):
-        m = re.fullmatch(r"(\d{1,3})-(\d{1,3})", raw)
-        if not m:
-            raise InvalidArgumentError(f"key_groups={raw!r} must be LO-HI, for example 0-63")
-        lo, hi = int(m.group(1)), int(m.group(2))
-        if not 0 <= lo <= hi <= 127:
-            raise InvalidArgumentError(f"key_groups={raw!r} must satisfy 0 <= LO <= HI <= 127")
-        key_groups = KeyGroupRange(lo, hi)
-    op_ids = []
-    for raw in params.get("op_id", []):
-        if not raw.isdigit() or int(raw) >= 1 << 64:
-            raise InvalidArgumentError(f"op_id={raw!r} must be a uint64 in decimal")
-        op_ids.append(int(raw))
-    return ExportRequest(job, checkpoint_id, key_groups, tuple(op_ids))
+    key_groups = KeyGroupRange(*parse_key_groups(raw, "key_groups")) if raw else None
+    op_ids = tuple(parse_op(text, "op_id") for text in params.get("op_id", []))
+    return ExportRequest(job, checkpoint_id, key_groups, op_ids)
 
 
 class _ExportServer(PoolHttpServer):
-    core: PoolCore
+    core: PoolCore | None = None  # None until the pool's store is open and checked: exports get 503 until then
     tokens = None  # a pool.auth.TokenTable: every route but /healthz needs a bearer token with read access to the job
     exports: threading.BoundedSemaphore  # exports streamed at once
     max_exports = 0
     redact = staticmethod(str)  # takes the store's location out of messages sent to clients
+    metrics: PoolMetrics | None = None  # counts every finished export by status
 
 
 class _Handler(PoolRequestHandler):
@@ -145,51 +136,67 @@ class _Handler(PoolRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _refuse(self, what: str, started: float, status: int, text: str, error: BaseException | None = None) -> None:
+        """Answer an export with an error line, counted and logged."""
+        self._plain(status, text, error)
+        _finished(self.server.metrics, what, str(status), started, detail=text)
+
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-        if urlsplit(self.path).path == "/healthz":
+        path = urlsplit(self.path).path
+        if path == "/healthz":
             self._plain(200, "ok")
             return
+        started = time.monotonic()
         try:
             request = parse_request(self.path)
         except InvalidArgumentError as exc:
-            self._plain(400, str(exc))
+            self._refuse(path, started, 400, str(exc), exc)
             return
         if request is None:
-            self._plain(404, f"no route {urlsplit(self.path).path}; try /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI or /healthz")
+            self._plain(404, f"no route {path}; try /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI&op_id=ID or /healthz")
             return
+        what = f"of job {request.job}"
         if self.server.tokens is not None:
             from pool.auth import READ, bearer_token
 
             try:
                 self.server.tokens.authorize(bearer_token(self.headers.get("Authorization")), request.job, READ)
             except ClinkError as exc:
-                self._plain(status_for(exc), str(exc), exc)
+                self._refuse(what, started, status_for(exc), str(exc), exc)
                 return
+        if self.server.core is None:
+            starting = UnavailableError("the pool is starting (its store is being checked); retry")
+            self._refuse(what, started, 503, str(starting), starting)
+            return
         if not self.server.exports.acquire(blocking=False):
             busy = OverloadedError(f"the pool is streaming {self.server.max_exports} exports, its limit (--max-http-exports); retry later")
-            self._plain(503, str(busy), busy)
+            self._refuse(what, started, 503, str(busy), busy)
             return
         try:
-            self._export(request)
+            self._export(request, started)
         finally:
             self.server.exports.release()
 
-    def _export(self, request: ExportRequest) -> None:
+    def _export(self, request: ExportRequest, started: float) -> None:
         core = self.server.core
+        assert core is not None  # checked by do_GET
+        what = f"of job {request.job}"
         try:
             checkpoint_id = request.checkpoint_id
-            if checkpoint_id == 0:
+            if checkpoint_id == LATEST_CHECKPOINT:
                 # pin "latest" once, so the header names exactly the checkpoint streamed
                 checkpoint_id = core.reader(request.job).latest()
-            chunks = core.scan(request.job, checkpoint_id, request.key_groups, list(request.op_ids), None)
+            what = f"of job {request.job} checkpoint {checkpoint_id or 'latest'}"
+            # the table rather than core.scan's stream, so the log can say how many rows went out
+            table, manifest = core.scan_table(request.job, checkpoint_id, request.key_groups, list(request.op_ids), None)
+            writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
+            chunks = stream_chunks(writer, table, max(1, core.config.scan_chunk_bytes))
             first = next(chunks, b"")
         except Exception as exc:  # noqa: BLE001 - every failure before the first byte becomes a status line, the server stays up
             status = status_for(exc)
             if status == 500:
-                log.exception("export of job %s failed", request.job)
-            else:
-                log.info("export of job %s -> %d: %s", request.job, status, exc)
-            self._plain(status, str(exc) if isinstance(exc, ClinkError) else f"internal error: {type(exc).__name__}", exc)
+                log.exception("export %s failed", what)
+            self._refuse(what, started, status, str(exc) if isinstance(exc, ClinkError) else f"internal error: {type(exc).__name__}", exc)
             return
         self.send_response(200)
         self.send_header("Content-Type", ARROW_STREAM_TYPE)
@@ -198,27 +205,44 @@ class _Handler(PoolRequestHandler):
         if checkpoint_id:
             self.send_header("X-Clink-Checkpoint", str(checkpoint_id))
         self.end_headers()
-        deadline = time.monotonic() + EXPORT_MAX_S
+        deadline = started + EXPORT_MAX_S
+        sent = 0
+        outcome, detail = "200", ""
         try:
             for chunk in _prepend(first, chunks):
                 if time.monotonic() > deadline:
-                    log.info("export of job %s cut off after %.0f s", request.job, EXPORT_MAX_S)
+                    outcome, detail = ABORTED, f"cut off after {EXPORT_MAX_S:.0f} s"
                     self.close_connection = True
                     return
                 if chunk:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    sent += len(chunk)
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
-            log.info("client went away during the export of job %s", request.job)
+            outcome, detail = ABORTED, "the client went away"
             self.close_connection = True
-        except Exception:  # noqa: BLE001 - after the headers the only honest signal is a cut stream (no final chunk)
-            log.exception("export of job %s failed mid-stream", request.job)
+        except Exception as exc:  # noqa: BLE001 - after the headers the only honest signal is a cut stream (no final chunk)
+            log.exception("export %s failed mid-stream", what)
+            outcome, detail = ABORTED, f"failed mid-stream: {type(exc).__name__}"
             self.close_connection = True
+        finally:
+            _finished(self.server.metrics, what, outcome, started, sent, table.num_rows, detail)
 
     def _not_allowed(self) -> None:
         self._plain(405, f"method {self.command} not allowed; use GET")
 
     do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815
+
+
+def _finished(
+    metrics: PoolMetrics | None, what: str, outcome: str, started: float, nbytes: int = 0, rows: int | None = None, detail: str = ""
+) -> None:
+    """Count one finished export in /metrics and log it at info: what, status, rows, bytes, seconds, and why when it failed."""
+    seconds = time.monotonic() - started
+    if metrics is not None:
+        metrics.http_export_finished(outcome, nbytes, seconds)
+    counted = f", {rows} rows, {nbytes} bytes" if rows is not None else ""
+    log.info("export %s -> %s%s in %.3f s%s", what, outcome, counted, seconds, f": {' '.join(detail.split())}" if detail else "")
 
 
 def _prepend(first: bytes, rest):
@@ -242,15 +266,30 @@ class HttpExport:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
+    def serve(self, core: PoolCore) -> None:
+        """Start answering exports from ``core`` (an export started without one answers 503 until then)."""
+        self.server.core = core
+
     def stop(self) -> None:
         """Stop accepting, close the socket and join the serving thread."""
         stop_http(self.server, self.thread)
 
 
 def start_http_export(
-    core: PoolCore, host: str = "127.0.0.1", port: int = 0, tls=None, tokens=None, max_exports: int = 4, redact=str
+    core: PoolCore | None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tls=None,
+    tokens=None,
+    max_exports: int = 4,
+    redact=str,
+    metrics: PoolMetrics | None = None,
 ) -> HttpExport:
-    """Serve the export routes over ``core`` on host:port (0 picks a free port) from a background thread; HTTPS with ``tls``."""
+    """Serve the export routes over ``core`` on host:port (0 picks a free port) from a background thread; HTTPS with ``tls``.
+
+    Without ``core`` exports get 503 until ``serve(core)``. Every finished export is logged at info and, with ``metrics``,
+    counted in /metrics.
+    """
 
     def configure(server: _ExportServer) -> None:
         server.core = core
@@ -258,6 +297,7 @@ def start_http_export(
         server.exports = threading.BoundedSemaphore(max_exports)
         server.max_exports = max_exports
         server.redact = redact
+        server.metrics = metrics
 
     try:
         server, thread = serve_http(host, port, _Handler, tls, name="pool-http-export", server_class=_ExportServer, configure=configure)

@@ -61,6 +61,21 @@ class PoolMetrics:
         )
         self.bytes_in = Counter("clink_pool_received_bytes", "Serialized request bytes by method", ["method"], registry=self.registry)
         self.bytes_out = Counter("clink_pool_sent_bytes", "Serialized response bytes by method", ["method"], registry=self.registry)
+        self.http_exports = Counter(
+            "clink_pool_http_exports",
+            "Finished HTTP state exports by HTTP status ('aborted': cut after the headers went out)",
+            ["code"],
+            registry=self.registry,
+        )
+        self.http_export_bytes = Counter(
+            "clink_pool_http_export_bytes", "Arrow stream bytes sent by HTTP state exports", registry=self.registry
+        )
+        self.http_export_latency = Histogram(
+            "clink_pool_http_export_seconds",
+            "HTTP state export duration, refusals included",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self._http: PoolHttpServer | None = None
         self._http_thread: threading.Thread | None = None
         self.http_port: int | None = None
@@ -77,6 +92,12 @@ class PoolMetrics:
     def sent(self, method: str, nbytes: int) -> None:
         """Record one response message as sent on the wire."""
         self.bytes_out.labels(method).inc(nbytes)
+
+    def http_export_finished(self, code: str, nbytes: int, seconds: float) -> None:
+        """Record one finished HTTP state export: its status (or 'aborted'), the stream bytes sent, its duration."""
+        self.http_exports.labels(code).inc()
+        self.http_export_bytes.inc(nbytes)
+        self.http_export_latency.observe(seconds)
 
     def watch_core(self, stats: Callable[[], Mapping[str, float]]) -> None:
         """Export the core's cache and store counters, read at scrape time."""

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import logging
+import re
 import signal
+import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,7 +26,14 @@ from pool.interceptor import StatusInterceptor
 from pool.lifecycle import LifecycleConfig
 from pool.metrics import PoolMetrics
 from pool.servicer import SERVICE_NAME, RemotePoolServicer, add_to_server
-from snapshot.errors import InvalidArgumentError, UnavailableError
+from snapshot.errors import (
+    ClinkError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 from store.objects import ObjectStore, StoreConfig, open_store
 from store.retry import RetryingStore, StoreRetryConfig
 
@@ -69,6 +81,100 @@ class PoolServerConfig:
     max_concurrent_streams: int | None = None
     # the lifecycle RPCs' thresholds (GC minimum age, compaction, retention)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    # the address the HTTP export binds to (the metrics endpoint binds to metrics_host)
+    http_host: str = "127.0.0.1"
+    # create the S3 bucket at start when it does not exist (an S3 store only)
+    create_bucket: bool = False
+    # list the store once at start, so a missing bucket or refused credentials stop the server before it serves
+    check_store: bool = True
+
+
+_HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[^:\[\]]+)):(?P<port>[0-9]+)$")
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?$")
+
+
+def parse_listen(address: str) -> tuple[str, int]:
+    """(host, port) of a HOST:PORT address (an IPv6 host in brackets, port 0..65535, 0: a free one); InvalidArgumentError naming it."""
+    m = _HOST_PORT.match(address or "")
+    if m is None:
+        if address and address.count(":") > 1 and not address.startswith("["):
+            raise InvalidArgumentError(f"{address!r}: an IPv6 address goes in brackets, e.g. [::1]:7420")
+        if address and ":" not in address:
+            raise InvalidArgumentError(f"{address!r} has no port; give HOST:PORT, e.g. {address}:7420")
+        raise InvalidArgumentError(f"{address!r} is not HOST:PORT, e.g. 127.0.0.1:7420, [::1]:7420 or 0.0.0.0:7420 for every interface")
+    port = int(m.group("port"))
+    if port > 65535:
+        raise InvalidArgumentError(f"{address!r}: port {port} is outside 0..65535 (0 picks a free one)")
+    if m.group("ipv6") is not None:
+        try:
+            ipaddress.IPv6Address(m.group("ipv6"))
+        except ValueError:
+            raise InvalidArgumentError(f"{address!r}: {m.group('ipv6')!r} in brackets is not an IPv6 address") from None
+        return m.group("ipv6"), port
+    host = m.group("host")
+    if not _HOST_NAME.match(host):
+        raise InvalidArgumentError(f"{address!r}: {host!r} is not a host name or IPv4 address")
+    return host, port
+
+
+# what a failed bind means, said for people
+_BIND_PROBLEMS = {
+    errno.EADDRNOTAVAIL: "address not available on this machine",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+}
+
+
+def address_problem(host: str, port: int) -> str | None:
+    """Why host:port cannot be listened on ("address already in use", ...), or None when a plain bind succeeds.
+
+    A probe socket takes SO_REUSEADDR (as grpc does) but not SO_REUSEPORT, so a port another process listens on is in use.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"unknown host {host!r} ({exc.strerror})"
+    problems: list[str] = []
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return "address already in use (is another pool serving there?)"
+                problems.append(_BIND_PROBLEMS.get(exc.errno or 0, exc.strerror or str(exc)))
+    # grpc serves on the addresses it can bind: only when none binds is the address unusable
+    return problems[0] if len(problems) == len(infos) else None
+
+
+def probe_store(store: ObjectStore) -> None:
+    """List the store's top level once; UnavailableError naming the bucket, the endpoint or the credentials when it fails.
+
+    A missing bucket, refused credentials or an unreadable directory stop the server before it says it serves.
+    """
+    inner = store.inner if isinstance(store, RetryingStore) else store  # one attempt: a retried listing reads every page
+    try:
+        inner.list_prefixes("")
+    except (ClinkError, OSError) as exc:
+        raise UnavailableError(_store_problem(inner, exc)) from exc
+
+
+def _store_problem(store: ObjectStore, exc: BaseException) -> str:
+    """One line saying why ``store`` cannot be used, naming the directory, or the bucket, the endpoint and the credentials."""
+    bucket = getattr(store, "bucket", None)
+    if bucket is None:
+        reason = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.filename else str(exc)
+        return f"store {store.uri} cannot be read: {reason}"
+    config = getattr(store, "config", None) or StoreConfig()
+    endpoint = config.endpoint_url or "AWS's default endpoint"
+    if isinstance(exc, NotFoundError):
+        return f"store {store.uri}: bucket {bucket} does not exist at {endpoint}; create it, or pass --create-bucket"
+    if isinstance(exc, (UnauthenticatedError, PermissionDeniedError)):
+        return (
+            f"store {store.uri} at {endpoint}: {exc}; S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "else boto3's default chain (AWS_PROFILE, ~/.aws/credentials, an instance role)"
+        )
+    return f"store {store.uri} at {endpoint}: {exc}"
 
 
 def grpc_options(max_message_bytes: int, max_request_bytes: int | None = None) -> list[tuple[str, int]]:
@@ -88,10 +194,12 @@ class PoolServer:
             raise InvalidArgumentError(f"max_workers must be at least 1, got {config.max_workers}")
         if config.max_message_bytes < 1 << 20:
             raise InvalidArgumentError(f"max_message_bytes must be at least 1 MiB (chunks are ~1 MiB), got {config.max_message_bytes}")
+        parse_listen(config.listen)
         self.config = config
-        store = store if store is not None else open_store(config.store_uri, config.store)
-        self.store = RetryingStore(store, config.store_retry) if config.store_retry is not None else store
-        self.core = PoolCore(self.store, config.pool)
+        # a store not handed in is opened by start() once the ports are bound: a port in use leaves no store folder behind
+        self._store: ObjectStore | None = self._retrying(store) if store is not None else None
+        self._core: PoolCore | None = None
+        self._store_redactor: Callable[[str], str] = str if self._store is None else store_redactor(self._store.uri)
         self.metrics = PoolMetrics()
         self.metrics.watch_core(self._core_stats)
         self.health = health.HealthServicer(experimental_non_blocking=True)
@@ -103,7 +211,31 @@ class PoolServer:
         self.port: int | None = None
         self.http_export: HttpExport | None = None
 
+    def _retrying(self, store: ObjectStore) -> ObjectStore:
+        return RetryingStore(store, self.config.store_retry) if self.config.store_retry is not None else store
+
+    @property
+    def store(self) -> ObjectStore:
+        """The object store: the one handed in, else opened from ``config.store_uri`` (by start(), or here on first use)."""
+        if self._store is None:
+            self._store = self._retrying(open_store(self.config.store_uri, self.config.store))
+            self._store_redactor = store_redactor(self._store.uri)
+        return self._store
+
+    def _redact(self, message: str) -> str:
+        """``message`` without the store's location (known once the store is open), for clients."""
+        return self._store_redactor(message)
+
+    @property
+    def core(self) -> PoolCore:
+        """The PoolCore over ``store``."""
+        if self._core is None:
+            self._core = PoolCore(self.store, self.config.pool)
+        return self._core
+
     def _core_stats(self) -> dict[str, float]:
+        if self._core is None:  # a scrape before start() opened the store
+            return {"calls_in_flight": self.admission.in_flight()}
         stats = getattr(self.core, "stats", None)
         if callable(stats):
             stats = stats()
@@ -134,7 +266,11 @@ class PoolServer:
         return self.http_export.port if self.http_export is not None else None
 
     def start(self) -> PoolServer:
-        """Bind, register the services and start serving; UnavailableError if the address cannot be bound."""
+        """Bind the ports, open and probe the store, then serve; UnavailableError naming the address or the store otherwise.
+
+        The ports are bound before the store is opened, so a port in use leaves no store folder behind; whatever was
+        bound is released when a later step fails.
+        """
         # the token and the limits are checked on grpc's serving thread, before a call is queued or its request decoded
         auth = AuthInterceptor(self.config.tokens) if self.config.tokens else None
         status = StatusInterceptor(
@@ -142,54 +278,99 @@ class PoolServer:
             admit=auth.authenticate if auth else None,
             admission=self.admission,
             open_methods=OPEN_METHODS,
-            redact=store_redactor(self.store.uri),
+            redact=self._redact,
         )
         self._executor = LaneExecutor(self.config.max_workers, self.config.admission)
         server = grpc.server(
             self._executor,
             interceptors=[status, auth] if auth else [status],
             options=grpc_options(self.config.max_message_bytes, self.config.max_request_bytes)
+            # without it a second server binds a port another already serves, and clients alternate between the two
+            + [("grpc.so_reuseport", 0)]
             + ([("grpc.max_concurrent_streams", self.config.max_concurrent_streams)] if self.config.max_concurrent_streams else []),
         )
-        add_to_server(RemotePoolServicer(self.core, lifecycle_config=self.config.lifecycle), server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
-        )
         try:
-            tls = self.config.tls
-            port = (
-                server.add_secure_port(self.config.listen, tls.grpc_credentials()) if tls else server.add_insecure_port(self.config.listen)
+            self.port = self._bind(server)
+            self._bind_http()
+            self._check_store()
+            add_to_server(RemotePoolServicer(self.core, lifecycle_config=self.config.lifecycle), server)
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+            reflection.enable_server_reflection(
+                (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
             )
-        except RuntimeError as exc:
-            raise UnavailableError(f"cannot listen on {self.config.listen}: {exc}") from exc
-        if not port:
-            raise UnavailableError(f"cannot listen on {self.config.listen} (address in use or not local)")
-        self.port = port
-        if self.config.metrics_port is not None:
-            try:
-                self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port, tls=self.config.tls)
-            except OSError as exc:
-                raise UnavailableError(f"cannot serve metrics on {self.config.metrics_host}:{self.config.metrics_port}: {exc}") from exc
-        if self.config.http_port is not None:
-            from pool.http_export import start_http_export
-
-            self.http_export = start_http_export(
-                self.core,
-                self.config.metrics_host,
-                self.config.http_port,
-                tls=self.config.tls,
-                tokens=self.config.tokens,
-                max_exports=self.config.max_http_exports,
-                redact=store_redactor(self.store.uri),
-            )
-        server.start()
+            if self.http_export is not None:
+                self.http_export.serve(self.core)
+            server.start()
+        except BaseException:
+            self._release(server)
+            raise
         self._server = server
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         metrics = f", metrics on http://{self.config.metrics_host}:{self.metrics_port}/metrics" if self.metrics_port else ""
         log.info("RemotePool serving on %s (store %s%s)", self.address, self.store.uri, metrics)
         return self
+
+    def _bind(self, server: grpc.Server) -> int:
+        """Bind the gRPC port; UnavailableError saying why not in one line (before grpc logs its own lines, when it can)."""
+        listen = self.config.listen
+        host, port = parse_listen(listen)
+        problem = address_problem(host, port) if port else None
+        if problem is None:
+            tls = self.config.tls
+            try:
+                bound = server.add_secure_port(listen, tls.grpc_credentials()) if tls else server.add_insecure_port(listen)
+            except RuntimeError:
+                bound = 0
+            if bound:
+                return bound
+            problem = address_problem(host, port) or "grpc could not bind it"
+        raise UnavailableError(f"cannot listen on {listen}: {problem}")
+
+    def _bind_http(self) -> None:
+        """Serve the metrics endpoint and the HTTP export (the export answers 503 until the store is checked)."""
+        if self.config.metrics_port is not None:
+            try:
+                self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port, tls=self.config.tls)
+            except UnavailableError as exc:
+                raise UnavailableError(str(exc).replace("cannot serve HTTP", "cannot serve metrics")) from None
+        if self.config.http_port is not None:
+            from pool.http_export import start_http_export
+
+            self.http_export = start_http_export(
+                None,
+                self.config.http_host,
+                self.config.http_port,
+                tls=self.config.tls,
+                tokens=self.config.tokens,
+                max_exports=self.config.max_http_exports,
+                redact=self._redact,
+                metrics=self.metrics,
+            )
+
+    def _check_store(self) -> None:
+        """Open the store (a local one creates its directory), create the bucket when asked, and probe it (check_store)."""
+        store = self.store
+        if self.config.create_bucket:
+            make = getattr(store, "create_bucket", None)
+            if make is None:
+                raise InvalidArgumentError(f"create_bucket needs an s3:// store, not {store.uri}")
+            make()
+        if self.config.check_store:
+            probe_store(store)
+
+    def _release(self, server: grpc.Server) -> None:
+        """Give back what a failed start() bound: the gRPC port, the metrics and export ports, the workers."""
+        if self.port is not None:
+            server.start()  # grpc closes a bound listener only when a started server stops (stop(None) refuses every call)
+        server.stop(None).wait()
+        self.metrics.close()
+        if self.http_export is not None:
+            self.http_export.stop()
+            self.http_export = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self.port = None
 
     def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight ones finish for ``grace`` seconds, then close."""

@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -115,8 +115,29 @@ def cli() -> None:
     """
 
 
+class ListenAddress(click.ParamType):
+    """A click type for HOST:PORT (an IPv6 host in brackets, port 0..65535): a bad one is a usage error before anything starts."""
+
+    name = "host:port"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:  # noqa: D102
+        from pool.server import parse_listen
+
+        try:
+            parse_listen(value)
+        except InvalidArgumentError as exc:
+            self.fail(str(exc), param, ctx)
+        return value
+
+
 @cli.command()
-@click.option("--listen", default="127.0.0.1:7420", show_default=True, help="gRPC address HOST:PORT (port 0 picks a free one).")
+@click.option(
+    "--listen",
+    type=ListenAddress(),
+    default="127.0.0.1:7420",
+    show_default=True,
+    help="gRPC address HOST:PORT, an IPv6 host in brackets ([::1]:7420); port 0 picks a free one.",
+)
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -128,9 +149,16 @@ def cli() -> None:
     "--http-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="Serve GET /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI (Arrow stream) on METRICS_HOST:PORT (0 picks a free port). Off when omitted.",
+    help="Serve GET /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI&op_id=ID (Arrow stream) on HTTP_HOST:PORT "
+    "(0 picks a free port). Off when omitted.",
 )
-@click.option("--create-bucket/--no-create-bucket", default=False, show_default=True, help="Create the S3 bucket if it does not exist.")
+@click.option("--http-host", default="127.0.0.1", show_default=True, help="Address the HTTP export (--http-port) binds to.")
+@click.option(
+    "--create-bucket/--no-create-bucket",
+    default=False,
+    show_default=True,
+    help="Create the S3 bucket if it does not exist (without it, a missing bucket stops serve at startup).",
+)
 @click.option(
     "--cache-mb", type=click.IntRange(0), default=256, show_default=True, help="Bytes of data files kept in memory for reads, in MiB."
 )
@@ -246,6 +274,7 @@ def serve(
     metrics_port: int | None,
     metrics_host: str,
     http_port: int | None,
+    http_host: str,
     create_bucket: bool,
     cache_mb: int,
     max_workers: int,
@@ -273,7 +302,9 @@ def serve(
 ) -> None:
     """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
 
-    Once listening it prints one ready line on stdout naming the bound address
+    It binds its ports, then lists the store once: a port in use, a missing bucket, refused credentials or
+    an unreadable directory stop it with one line and exit 69. Once listening it prints one ready line on
+    stdout naming the bound address
     (with --output json: {"event": "serving", "address": ..., "port": ..., "metrics_port": ...}).
     S3 credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when set, otherwise from
     boto3's default chain (profile, instance role).
@@ -282,6 +313,8 @@ def serve(
     """
     output = output_of(ctx)
     store_uri = store_uri_of(ctx, DEFAULT_STORE)
+    if create_bucket and not store_uri.startswith("s3://"):
+        raise click.UsageError(f"--create-bucket needs an s3:// store, not {store_uri}", ctx)
     setup_logging(log_level, output.format)
     # imported here so `clink-pool --help` stays fast and works without the server's dependencies loaded
     from pool.domain import PoolConfig
@@ -293,6 +326,8 @@ def serve(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         http_port=http_port,
+        http_host=http_host,
+        create_bucket=create_bucket,
         max_workers=max_workers,
         max_message_bytes=max_message_mb << 20,
         max_request_bytes=max_request_mb << 20,
@@ -327,16 +362,11 @@ def serve(
         lifecycle=lifecycle_config(gc_min_age, compact_max_layers, compact_max_delta_mb),
     )
     server = PoolServer(config)
-    if create_bucket:
-        make = getattr(server.store, "create_bucket", None)
-        if make is None:
-            raise InvalidArgumentError(f"--create-bucket needs an s3:// store, not {store_uri}")
-        make()
     server.start()
     stop_on_signals(server, grace)
     scheme = "https" if config.tls else "http"  # TLS covers the metrics and export ports too
-    metrics = f", metrics {scheme}://{metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
-    metrics += f", state export {scheme}://{metrics_host}:{server.http_port}/jobs/JOB/state.arrow" if server.http_port else ""
+    metrics = f", metrics {scheme}://{url_host(metrics_host)}:{server.metrics_port}/metrics" if server.metrics_port else ""
+    metrics += f", state export {scheme}://{url_host(http_host)}:{server.http_port}/jobs/JOB/state.arrow" if server.http_port else ""
     ready = {
         "event": "serving",
         "address": server.address,
@@ -351,6 +381,11 @@ def serve(
     while not server.wait(timeout=1.0):
         pass
     logging.getLogger("clink.pool").info("exiting after %.0fs", time.monotonic() - started)
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def lifecycle_config(

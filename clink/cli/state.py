@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import secrets
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -781,18 +781,30 @@ def _atomic_output(dst: str, force: bool = False) -> Iterator[str]:
         return
     if not target.parent.exists():
         raise NotFoundError(f"--out {dst}: directory {target.parent} does not exist")
-    umask = os.umask(0)
-    os.umask(umask)
-    mode = stat.S_IMODE(st.st_mode) if st is not None and stat.S_ISREG(st.st_mode) else 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    tmp = _new_file_beside(target)
     try:
         yield tmp
-        os.chmod(tmp, mode)
+        if st is not None and stat.S_ISREG(st.st_mode):  # a replaced file keeps its mode
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _new_file_beside(target: Path) -> str:
+    """An empty, uniquely named file in ``target``'s folder, with the mode the user's umask gives a new file (0644 under 022).
+
+    Not tempfile.mkstemp: its files are 0600, and an export is a file like any other the user writes.
+    """
+    for _ in range(100):
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return str(tmp)
+    raise FileExistsError(f"--out {target}: no free temporary name beside it")
 
 
 def _export_arrow(source, dst: str, step, force: bool = False) -> int | None:

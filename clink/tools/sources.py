@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,11 +21,12 @@ from snapshot import (
     UnavailableError,
     canonical_from_changelog,
     filter_key_groups,
-    operator_id,
     read_snapshot,
 )
 from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError, error_class_named, prefixed, rebuilt
 from snapshot.format import FORMAT_VERSION
+from snapshot.state_selectors import parse_key_groups as parse_key_group_selector
+from snapshot.state_selectors import parse_op as parse_op_selector
 from store.layout import JOBS, SAVEPOINT_MANIFEST, StateFolder, find_state_folder, parse_checkpoint_dir
 from store.uris import parse_store_uri
 
@@ -125,29 +125,13 @@ class StateSource:
 
 
 def parse_key_groups(text: str) -> KeyGroups:
-    """'LO-HI' (inclusive) or a single 'N' to a key-group range within 0..127."""
-    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text or "")
-    if not m:
-        raise InvalidArgumentError(f"key groups {text!r} must be LO-HI (for example 0-63) or a single key group")
-    lo = int(m.group(1))
-    hi = int(m.group(2)) if m.group(2) is not None else lo
-    if not 0 <= lo <= hi <= 127:
-        raise InvalidArgumentError(f"key groups {text!r} must satisfy 0 <= LO <= HI <= 127")
-    return lo, hi
+    """'LO-HI' (inclusive) or a single 'N' to a key-group range within 0..127 (parsed as the pool's HTTP export parses it)."""
+    return parse_key_group_selector(text)
 
 
 def parse_op(text: str) -> int:
-    """An operator given as a decimal or 0x-hex op_id, or as 'uid:NAME' (op_id derived from the uid)."""
-    text = text.strip()
-    if text.startswith("uid:"):
-        return operator_id(text[4:])
-    try:
-        value = int(text, 16) if text.lower().startswith("0x") else int(text, 10)
-    except ValueError:
-        raise InvalidArgumentError(f"operator {text!r} must be an op_id (decimal or 0x-hex) or uid:NAME") from None
-    if not 0 <= value < 1 << 64:
-        raise InvalidArgumentError(f"operator id {text!r} is outside uint64")
-    return value
+    """An operator given as a decimal or 0x-hex op_id, or as 'uid:NAME' (parsed as the pool's HTTP export parses it)."""
+    return parse_op_selector(text)
 
 
 def parse_source(spec: str) -> SourceRef:

@@ -88,7 +88,7 @@ def test_latest_checkpoint_and_filters(served) -> None:
         (f"/jobs/{JOB}/state.arrow?checkpoint=9", 404, "checkpoint 9"),
         ("/nothing/here", 404, "no route"),
         (f"/jobs/{JOB}/state.arrow?checkpoint=abc", 400, "checkpoint"),
-        (f"/jobs/{JOB}/state.arrow?checkpoint=0", 400, "positive"),
+        (f"/jobs/{JOB}/state.arrow?checkpoint=-1", 400, "checkpoint id"),
         (f"/jobs/{JOB}/state.arrow?key_groups=9-3", 400, "key_groups"),
         (f"/jobs/{JOB}/state.arrow?key_groups=0-128", 400, "key_groups"),
         (f"/jobs/{JOB}/state.arrow?key_groups=x", 400, "LO-HI"),

@@ -332,7 +332,7 @@ def test_dead_endpoint_is_unavailable(make_server: Callable[..., PoolServer]) ->
         connect_timeout_s=1,
         read_timeout_s=2,
     )
-    pool = RawPool(make_server(S3Store("nowhere", "", config)).address)
+    pool = RawPool(make_server(S3Store("nowhere", "", config), check_store=False).address)  # a store that dies after start
     for _ in range(2):
         with pytest.raises(grpc.RpcError) as excinfo:
             pool.stub.ListJobs(pb.ListJobsRequest(), timeout=20)
