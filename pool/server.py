@@ -153,6 +153,9 @@ def probe_store(store: ObjectStore) -> None:
     A missing bucket, refused credentials or an unreadable directory stop the server before it says it serves.
     """
     inner = store.inner if isinstance(store, RetryingStore) else store  # one attempt: a retried listing reads every page
+    create = getattr(inner, "create", None)
+    if callable(create):  # a local store is made by the pool that serves it, so `clink-pool ls` finds it at once
+        create()  # its UnavailableError names the directory
     try:
         inner.list_prefixes("")
     except (ClinkError, OSError) as exc:
