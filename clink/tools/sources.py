@@ -421,11 +421,15 @@ def _opener(config: SourceConfig, context):
 
 def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
     """GET a snapshot stream (a pool's /jobs/JOB/state.arrow, or any URL serving one)."""
+    import http.client
     import ssl
     import urllib.error
     import urllib.request
 
-    scheme, host, _ = _origin(ref.spec)
+    try:
+        scheme, host, _ = _origin(ref.spec)
+    except ValueError as exc:  # urlsplit's words for a broken URL ("Invalid IPv6 URL", a port out of range)
+        raise InvalidArgumentError(f"{ref.spec}: not a usable http:// URL ({one_line_text(exc)})") from None
     check_token_transport(config, scheme == "https", host, ref.spec)
     headers = {"Accept": "application/vnd.apache.arrow.stream"}
     if config.pool_token:
@@ -443,12 +447,43 @@ def _fetch_http(ref: SourceRef, config: SourceConfig) -> bytes:
         with _opener(config, context).open(urllib.request.Request(ref.spec, headers=headers), timeout=config.pool_timeout_s) as resp:
             return resp.read()
     except urllib.error.HTTPError as exc:
-        body = " ".join(exc.read(500).decode("utf-8", errors="replace").split())
+        try:
+            body = " ".join(exc.read(500).decode("utf-8", errors="replace").split())
+        except (OSError, http.client.HTTPException):
+            body = ""
         error = error_class_named(exc.headers.get("X-Clink-Error") or "") or ERROR_BY_HTTP_STATUS.get(exc.code, UnavailableError)
         raise rebuilt(error, f"{ref.spec}: HTTP {exc.code}: {body or exc.reason}") from exc
+    except http.client.BadStatusLine as exc:
+        # an HTTP/2-only server (a pool's gRPC port) answers an HTTP/1 request with binary frames, not a status line
+        if isinstance(exc, ConnectionError):  # RemoteDisconnected: the server closed the connection without an answer
+            raise UnavailableError(f"{ref.spec}: cannot fetch: {one_line_text(exc)}") from None
+        if _looks_like_http2(str(getattr(exc, "line", ""))):
+            raise UnavailableError(_speaks_grpc(ref.spec)) from None
+        raise UnavailableError(f"{ref.spec}: the server did not answer in HTTP (bad status line)") from None
+    except http.client.HTTPException as exc:  # a cut or malformed answer: IncompleteRead, too many headers, ...
+        raise UnavailableError(f"{ref.spec}: the server's HTTP answer was cut or malformed ({type(exc).__name__})") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UnavailableError(f"{ref.spec}: cannot fetch: {reason}") from None
+    except ValueError as exc:  # urllib's words for a URL it cannot use (a bad host name, a bad port)
+        raise InvalidArgumentError(f"{ref.spec}: not a usable http:// URL ({one_line_text(exc)})") from None
+
+
+def _looks_like_http2(line: str) -> bool:
+    """Whether a "status line" is the start of HTTP/2 frames (a 3-byte length, then a type byte), not text."""
+    return len(line) >= 4 and line[0] == "\x00" and not line.startswith("HTTP/")
+
+
+def _speaks_grpc(url: str) -> str:
+    """The message for an http:// source whose port speaks gRPC: the grpc:// spelling of it, and the HTTP export's option."""
+    parts = urlsplit(url)
+    address = parts.netloc.rpartition("@")[2]
+    segments = [unquote(p) for p in parts.path.split("/") if p]
+    job = segments[1] if len(segments) >= 2 and segments[0] == "jobs" else "JOB"
+    return (
+        f"{url}: {address} speaks gRPC (HTTP/2), not HTTP: read the pool there with grpc://{address}/{job}, or use the port "
+        "given to clink-pool serve --http-port for its HTTP export"
+    )
 
 
 def _load_client_cert(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
