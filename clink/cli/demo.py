@@ -218,25 +218,31 @@ def resolve_workdir(workdir: str | os.PathLike[str]) -> Path:
     return Path(workdir).expanduser().resolve()
 
 
-def run_demo(workdir: str | os.PathLike[str] | None = None, echo: Callable[[str], None] = print) -> int:
+def run_demo(
+    workdir: str | os.PathLike[str] | None = None, echo: Callable[[str], None] = print, report: dict[str, object] | None = None
+) -> int:
     """Run the demo end to end against a real pool subprocess; 0 when the final counts are exactly right.
 
     ``workdir`` keeps the store (pool-data/) and the pool's log (pool.log) in one folder; each run there is a new job.
-    FolderInUseError when another demo is running in it.
+    FolderInUseError when another demo is running in it. ``report``, when given, is filled with what the demo did (the
+    facts of `clink demo -o json`): the job, where its store was kept, the checkpoints, the restore, the rescale, the export.
     """
     started = time.monotonic()
+    report = {} if report is None else report
     root = resolve_workdir(workdir) if workdir else None
     with tempfile.TemporaryDirectory(prefix="clink-demo-") as tmp:
         root = root or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         with _hold(root):
             job = job_name_for(root)
+            report.update(job=job, workdir=str(root) if workdir else None, store=f"file://{root / 'pool-data'}" if workdir else None)
             proc = None
             try:
                 proc, address, _ = _start_pool(root, echo)
-                code = _drive(address, job, echo, started)
+                code = _drive(address, job, echo, started, report)
             except ClinkError as exc:
                 echo(f"demo failed: {exc}")
+                report.update(ok=False, failed=str(exc), seconds=round(time.monotonic() - started, 1))
                 return 1
             finally:
                 if proc is not None:
@@ -253,15 +259,20 @@ def run_demo(workdir: str | os.PathLike[str] | None = None, echo: Callable[[str]
             return code
 
 
-def _drive(address: str, name: str, echo: Callable[[str], None], started: float) -> int:
+def _drive(address: str, name: str, echo: Callable[[str], None], started: float, report: dict[str, object]) -> int:
+    report.update(ok=False, checkpoints=[])
+    checkpoints: list[int] = []
     echo(f"\n1. job {name}: four subtasks (key groups {', '.join(f'{lo}-{hi}' for lo, hi in FOUR)}) count words; checkpoint 1")
     job = _Job(address, name, FOUR, echo, restore=False)
     echo(f"  read {job.run(2)} records")
     job.checkpoint(1)
+    checkpoints.append(1)
+    report["checkpoints"] = checkpoints
 
     echo("\n2. more records; checkpoint 2 ships only what changed since checkpoint 1")
     echo(f"  read {job.run(2)} records")
     job.checkpoint(2)
+    checkpoints.append(2)
     at_checkpoint_2 = job.word("the")
     echo(f"  count of 'the' = {at_checkpoint_2}")
 
@@ -287,6 +298,8 @@ def _drive(address: str, name: str, echo: Callable[[str], None], started: float)
     )
     echo(f"  sources resume from their checkpointed offsets {[job.offset(s) for s in range(4)]}; replay reads {job.run(1)} records")
     job.checkpoint(3)
+    checkpoints.append(3)
+    report["restored_checkpoint"] = info.checkpoint_id
 
     echo("\n4. the job rescales from 4 subtasks to 2 and restores checkpoint 3")
     old = job
@@ -296,12 +309,15 @@ def _drive(address: str, name: str, echo: Callable[[str], None], started: float)
         old.offsets[0].set(999, b"split-0")  # a zombie of the old layout tries to move a source offset
         old.backends[0].snapshot(4)
         echo("  ERROR: an old subtask committed after the rescale")
+        report["failed"] = "an old subtask committed after the rescale"
         return 1
     except FencedError:
         echo("  an old subtask's commit is fenced (FAILED_PRECONDITION): it can no longer write")
     old.close()
     echo(f"  read the rest: {job.run(10)} records")
     job.checkpoint(4)
+    checkpoints.append(4)
+    report["rescaled"] = {"from_subtasks": len(FOUR), "to_subtasks": len(TWO)}
 
     echo("\n5. export: each subtask's export_arrow_snapshot, merged, queried with DuckDB")
     blobs = [b.export_arrow_snapshot() for b in job.backends]
@@ -310,10 +326,13 @@ def _drive(address: str, name: str, echo: Callable[[str], None], started: float)
     got = _query(merged, echo)
     job.close()
     expected = Counter(w for split in SPLITS for line in split for w in line.split())
+    report.update(export_bytes=len(merged), words=sum(got.values()), distinct_words=len(got))
     if got != dict(expected):
         wrong = sorted(set(got.items()) ^ set(expected.items()))[:5]
         echo(f"\nMISMATCH against a plain Counter of the input: {wrong}")
+        report.update(failed=f"counts differ from the input: {wrong}", seconds=round(time.monotonic() - started, 1))
         return 1
+    report.update(ok=True, exactly_once=True, seconds=round(time.monotonic() - started, 1))
     echo(
         f"\nexactly-once: all {sum(expected.values())} words counted once, despite the failure and the rescale ({time.monotonic() - started:.1f}s)"
     )

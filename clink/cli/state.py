@@ -864,7 +864,8 @@ def _export_iceberg(source, catalog_name, catalog_uri, warehouse, table_name, if
 Examples:
   clink demo
   clink demo --workdir demo        keeps ./demo/pool-data and ./demo/pool.log
-  clink demo --workdir demo        again: a second job, word-count-demo-2, beside the first""",
+  clink demo --workdir demo        again: a second job, word-count-demo-2, beside the first
+  clink demo -o json               the story on stderr, one JSON document of what it did on stdout""",
 )
 @click.option(
     "--workdir",
@@ -873,15 +874,39 @@ Examples:
     "folder (default: a temporary directory, removed afterwards). Each run in DIR is a new job: word-count-demo, then "
     "word-count-demo-2, ...; while another demo runs in DIR, a second one stops (exit 69) and writes nothing.",
 )
-def demo(workdir):
+@click.pass_context
+def demo(ctx, workdir):
     """Run the end-to-end demo: a pool on loopback, a job writing state, checkpoints, restore and export."""
     try:
         from clink.cli.demo import run_demo
     except ImportError:
         click.echo("clink: the demo is not available in this build (clink.cli.demo is missing)", err=True)
         return EXIT_NEGATIVE
-    code = run_demo(workdir=workdir, echo=click.echo)
+    if not output_of(ctx).is_json:
+        return int(run_demo(workdir=workdir, echo=click.echo) or 0)
+    # -o json: the story is for people (stderr); stdout carries one document of what the demo did
+    report: dict[str, object] = {}
+    code = run_demo(workdir=workdir, echo=lambda line: click.echo(line, err=True), report=report)
+    _echo_json({key: report[key] for key in DEMO_REPORT_KEYS if key in report})
     return int(code or 0)
+
+
+# the facts of `clink demo -o json`, in this order (clink.cli.demo.run_demo fills them)
+DEMO_REPORT_KEYS = (
+    "ok",
+    "job",
+    "workdir",
+    "store",
+    "checkpoints",
+    "restored_checkpoint",
+    "rescaled",
+    "export_bytes",
+    "words",
+    "distinct_words",
+    "exactly_once",
+    "failed",
+    "seconds",
+)
 
 
 if __name__ == "__main__":

@@ -84,3 +84,20 @@ def test_an_unusable_http_url_is_a_usage_error_not_an_internal_one(url: str) -> 
     assert result.exit_code == EXIT_USAGE, result.output
     assert result.exit_code != EXIT_INTERNAL
     assert "not a usable http:// URL" in one_line_error(result)
+
+
+# --- finding 6: clink demo -o json ---------------------------------------------------------------------------------------
+
+
+def test_demo_with_json_output_prints_one_document_and_tells_the_story_on_stderr(tmp_path) -> None:
+    import json
+
+    result = run(["demo", "-o", "json", "--workdir", str(tmp_path / "demo")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)  # the whole of stdout is one JSON document
+    assert doc["ok"] is True and doc["exactly_once"] is True
+    assert doc["job"] == "word-count-demo" and doc["checkpoints"] == [1, 2, 3, 4]
+    assert doc["workdir"] == str((tmp_path / "demo").resolve()) and doc["store"].startswith("file://")
+    assert doc["restored_checkpoint"] == 2 and doc["rescaled"] == {"from_subtasks": 4, "to_subtasks": 2}
+    assert doc["words"] == 85 and doc["export_bytes"] > 0
+    assert "exactly-once" in result.stderr and "DuckDB>" in result.stderr
