@@ -632,13 +632,18 @@ Files are written to a temporary name and renamed into place: a failed export le
     + SOURCES_HELP,
 )
 @click.option("--from", "src", required=True, metavar="SRC", help="Where the state comes from (see below).")
-@click.option("--out", "dst", metavar="DST", help="Output file (arrow, parquet; '-' writes the arrow stream to stdout).")
+@click.option(
+    "--out",
+    "dst",
+    metavar="DST",
+    help="Output file (arrow, parquet; '-' writes the arrow stream to a redirected stdout, never to a terminal).",
+)
 @click.option(
     "--format",
     "fmt",
     type=click.Choice(["arrow", "parquet", "iceberg", "query"]),
     help="Output format; default: from --out's suffix (.arrow, .arrows, .ipc, .snap: arrow; .parquet, .pq: parquet; any other "
-    "is refused), arrow for '-', iceberg when --table is given.",
+    "is refused), arrow for '-', iceberg when --table is given. A suffix naming the other format is refused.",
 )
 @_selection_options
 @click.option("--catalog-uri", metavar="URI", help="Iceberg: SQL catalog URI, e.g. sqlite:////tmp/catalog.db.")
@@ -680,6 +685,11 @@ def state_export(
     show_progress,
 ):
     """Export SRC as an Arrow snapshot stream, a Parquet file or an Iceberg table."""
+    if dst and dst != "-" and Path(dst).expanduser().is_dir():  # said first: no suffix makes a folder a file
+        example = Path(dst) / ("state.parquet" if fmt in ("parquet", "query") else "state.arrow")
+        raise InvalidArgumentError(f"--out {dst} is a directory; give a file name (e.g. {example})")
+    if fmt and dst:
+        _check_suffix(dst, fmt)
     fmt = fmt or _infer_format(dst, table_name)
     if fmt in ("arrow", "parquet", "query") and not dst:
         raise click.UsageError(f"--out is required for --format {fmt}")
@@ -691,6 +701,8 @@ def state_export(
             raise click.UsageError("--out does not apply to --format iceberg (the catalog decides where files go)")
     if dst == "-" and fmt != "arrow":
         raise click.UsageError("only --format arrow can be written to stdout")
+    if dst == "-" and sys.stdout.isatty():
+        raise click.UsageError("--out - writes a binary Arrow stream to stdout, which is a terminal; redirect stdout or give a file")
     selection = _selection(key_groups, ops)
     from clink.tools.sources import load_source
 
@@ -745,6 +757,18 @@ def _infer_format(dst: str | None, table_name: str | None) -> str:
         return "arrow"  # a device or FIFO (/dev/stdout, a pipe) takes the stream
     named = f"the suffix {suffix!r}" if suffix else "a name without a suffix"
     raise click.UsageError(f"--out {dst}: {named} names no format; end it in .arrow or .parquet, or pass --format arrow, parquet or query")
+
+
+def _check_suffix(dst: str, fmt: str) -> None:
+    """Refuse an --out whose suffix names another format than --format (x.arrow holding Parquet misleads every reader)."""
+    suffix = Path(dst).suffix.lower()
+    named = "parquet" if suffix in PARQUET_SUFFIXES else "arrow" if suffix in ARROW_SUFFIXES else None
+    writes = "parquet" if fmt in ("parquet", "query") else fmt
+    if named is not None and writes in ("arrow", "parquet") and named != writes:
+        ends = ".parquet" if writes == "parquet" else ".arrow"
+        raise click.UsageError(
+            f"--out {dst}: the suffix {suffix} means {named}, but --format {fmt} writes {writes}; end --out in {ends} or pass --format {named}"
+        )
 
 
 def _check_out(dst: str, force: bool) -> os.stat_result | None:

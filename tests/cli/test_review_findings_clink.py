@@ -101,3 +101,90 @@ def test_demo_with_json_output_prints_one_document_and_tells_the_story_on_stderr
     assert doc["restored_checkpoint"] == 2 and doc["rescaled"] == {"from_subtasks": 4, "to_subtasks": 2}
     assert doc["words"] == 85 and doc["export_bytes"] > 0
     assert "exactly-once" in result.stderr and "DuckDB>" in result.stderr
+
+
+# --- finding 8: state-export's --out ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def snap_file(tmp_path):
+    from tests.cli_fixtures import generated_table, write_table
+
+    return write_table(tmp_path / "state.snap", generated_table(3, keyed_rows=20))
+
+
+@pytest.mark.parametrize(
+    ("out", "fmt", "means"),
+    [("x.arrow", "parquet", "arrow"), ("x.parquet", "arrow", "parquet"), ("x.snap", "query", "arrow"), ("x.pq", "arrow", "parquet")],
+)
+def test_an_out_suffix_contradicting_format_is_refused_naming_both(tmp_path, snap_file, out, fmt, means) -> None:
+    result = run(["state-export", "--from", str(snap_file), "--out", str(tmp_path / out), "--format", fmt])
+    assert result.exit_code == EXIT_USAGE, result.output
+    line = one_line_error(result)
+    assert f"--out {tmp_path / out}" in line and f"--format {fmt}" in line and f"means {means}" in line
+    assert not (tmp_path / out).exists() and result.stdout == ""
+
+
+def test_a_matching_or_neutral_suffix_with_format_still_exports(tmp_path, snap_file) -> None:
+    for out, fmt in (("q.pq", "query"), ("p.parquet", "parquet"), ("a.ipc", "arrow")):
+        result = run(["state-export", "--from", str(snap_file), "--out", str(tmp_path / out), "--format", fmt])
+        assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("fmt", [None, "parquet"])
+def test_an_out_directory_is_said_to_be_a_directory_before_any_suffix_complaint(tmp_path, snap_file, fmt) -> None:
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    result = run(["state-export", "--from", str(snap_file), "--out", str(folder), *(["--format", fmt] if fmt else [])])
+    assert result.exit_code == EXIT_USAGE, result.output
+    line = one_line_error(result)
+    assert f"--out {folder} is a directory; give a file name" in line
+    assert "suffix" not in line
+    assert list(folder.iterdir()) == []
+
+
+def test_out_dash_to_a_terminal_is_refused_and_writes_nothing(snap_file) -> None:
+    import os
+    import pty
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "clink.cli.state", "state-export", "--from", str(snap_file), "--out", "-"],
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            timeout=60,
+            check=False,
+        )
+        os.close(follower)
+        follower = -1
+        written = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other side is closed and everything was read
+                break
+            if not chunk:
+                break
+            written += chunk
+    finally:
+        if follower >= 0:
+            os.close(follower)
+        os.close(leader)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    err = proc.stderr.decode().strip()
+    assert len(err.splitlines()) == 1 and "stdout, which is a terminal; redirect stdout or give a file" in err
+    assert written == b""
+
+
+def test_out_dash_to_a_pipe_still_streams(snap_file) -> None:
+    import snapshot
+
+    result = run(["state-export", "--from", str(snap_file), "--out", "-"])
+    assert result.exit_code == 0, result.output
+    assert snapshot.read_snapshot(result.stdout_bytes).table.num_rows == 20 + 6
