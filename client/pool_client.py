@@ -36,6 +36,9 @@ class RetryPolicy:
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     multiplier: float = 2.0
+    # attempts when nothing listens at the address ("connection refused"); None: max_attempts. A worker started before
+    # its pool keeps the full budget; a command line that reads a pool once gives up sooner (clink sources use 3).
+    refused_attempts: int | None = None
 
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Sleep before retry number ``attempt`` (0-based): uniform in [0, min(cap, base * mult**attempt)]."""
@@ -68,6 +71,17 @@ _FRAME_TYPE = re.compile(r"got frame type (\d+)")
 _HTTP1_FRAME_TYPES = frozenset({ord("P"), ord("O")})
 
 
+# grpc's words when nothing listens at the address (the TCP connection was refused)
+_REFUSED = "connection refused"
+
+
+def nothing_listening(code: grpc.StatusCode, details: str | None, address: str) -> str | None:
+    """A one-line reason when a call failed because no server listens at ``address``, else None."""
+    if code != grpc.StatusCode.UNAVAILABLE or not details or _REFUSED not in details.lower():
+        return None
+    return f"no pool is listening on {address} (start one with clink-pool serve)"
+
+
 def not_a_pool(details: str | None, address: str) -> str | None:
     """A one-line reason when a call's failure says the server at ``address`` does not speak gRPC at all, else None."""
     if not details or _NOT_HTTP2 not in details:
@@ -78,6 +92,13 @@ def not_a_pool(details: str | None, address: str) -> str | None:
     if http1:
         return f"{address} is not a gRPC pool (HTTP/1 answered): is it the pool's --http-port? The pool speaks gRPC on {where}"
     return f"{address} is not a gRPC pool (it answered, but not in HTTP/2): the pool speaks gRPC on {where}"
+
+
+def _unreachable(message: str, reason: str) -> UnavailableError:
+    """UnavailableError for an address with no pool behind it; ``unreachable`` holds the reason without the call's name."""
+    err = UnavailableError(message)
+    err.unreachable = reason  # type: ignore[attr-defined]
+    return err
 
 
 @dataclass(frozen=True)
@@ -263,11 +284,17 @@ class PoolClient:
         code, error_class = exc.code(), error_class_of(exc)
         wrong_server = not_a_pool(exc.details(), self.address)
         if wrong_server is not None:
-            raise UnavailableError(f"{what}: {wrong_server}") from None
-        if retryable(code, error_class) and attempt + 1 < policy.max_attempts:
+            raise _unreachable(f"{what}: {wrong_server}", wrong_server) from None
+        refused = nothing_listening(code, exc.details(), self.address)
+        attempts = policy.max_attempts
+        if refused is not None and policy.refused_attempts is not None:
+            attempts = min(attempts, max(1, policy.refused_attempts))
+        if retryable(code, error_class) and attempt + 1 < attempts:
             self.retries += 1
             self.config.sleep(policy.backoff(attempt, self._rng))
             return
+        if refused is not None:
+            raise _unreachable(f"{what}: {refused} (gave up after {attempt + 1} attempt(s))", refused) from None
         err = error_from_status(code, exc.details(), what, error_class, error_attributes_of(exc))
         if retryable(code, error_class):
             err.args = (f"{err} (gave up after {attempt + 1} attempt(s))",)
@@ -302,7 +329,7 @@ class PoolClient:
             except grpc.RpcError as exc:
                 wrong_server = not_a_pool(exc.details(), self.address)
                 if wrong_server is not None:
-                    raise UnavailableError(wrong_server) from None
+                    raise _unreachable(wrong_server, wrong_server) from None
                 last = f"{exc.code().name}: {exc.details()}"
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     return  # a pool without the health service still serves RemotePool

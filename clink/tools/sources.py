@@ -504,8 +504,12 @@ def _load_stored(ref: SourceRef, config: SourceConfig, selection: Selection) -> 
     return read_stored(ref, open_source_store(ref, config), selection)
 
 
+# attempts of a pool call when nothing listens at the address: a late pool is retried briefly, a wrong port said soon
+REFUSED_ATTEMPTS = 3
+
+
 def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:
-    from client.pool_client import PoolClient, PoolClientConfig
+    from client.pool_client import PoolClient, PoolClientConfig, RetryPolicy
 
     host = ref.address.rsplit(":", 1)[0] if ref.address else None
     check_token_transport(config, config.pool_tls_root_certificates is not None, host, f"pool {ref.address}")
@@ -517,9 +521,15 @@ def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> St
         tls_server_name=config.pool_tls_server_name,
         tls_client_cert=config.pool_tls_client_cert,
         tls_client_key=config.pool_tls_client_key,
+        retry=RetryPolicy(refused_attempts=REFUSED_ATTEMPTS),
     )
     try:
         return _scan_pool(ref, selection, PoolClient(ref.address, client_config))
+    except UnavailableError as exc:
+        reason = getattr(exc, "unreachable", None)
+        if isinstance(reason, str):  # no pool at the address: the reason names it, the call that found out is beside the point
+            raise UnavailableError(reason) from exc
+        raise _with_prefix(exc, f"pool {ref.address}") from exc
     except ClinkError as exc:
         raise _with_prefix(exc, f"pool {ref.address}") from exc
 

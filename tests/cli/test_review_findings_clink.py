@@ -188,3 +188,18 @@ def test_out_dash_to_a_pipe_still_streams(snap_file) -> None:
     result = run(["state-export", "--from", str(snap_file), "--out", "-"])
     assert result.exit_code == 0, result.output
     assert snapshot.read_snapshot(result.stdout_bytes).table.num_rows == 20 + 6
+
+
+# --- finding 10: grpc:// to a port nothing listens on ----------------------------------------------------------------------
+
+
+def test_a_grpc_source_with_nothing_listening_says_no_pool_is_listening() -> None:
+    from clink.tools.sources import REFUSED_ATTEMPTS
+    from tests.client_fixtures import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    result = run(["state-cat", f"grpc://{address}/orders"])
+    assert result.exit_code == EXIT_UNAVAILABLE, result.output
+    assert one_line_error(result) == f"clink: error: no pool is listening on {address} (start one with clink-pool serve)"
+    assert result.stdout == ""
+    assert REFUSED_ATTEMPTS <= 3  # a few quick tries, not 8 with backoff up to 2 s
