@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 import snapshot
 from client.backend import BackendConfig, RemoteReadBackend
-from client.errors import ClinkError, FencedError, UnavailableError
+from client.errors import ClinkError, FencedError, InvalidArgumentError, UnavailableError
 from client.pool_client import PoolClient, PoolClientConfig
 from client.typed import KeyedInt64State, OperatorInt64State
 
@@ -183,7 +183,11 @@ def _hold(root: Path) -> Iterator[None]:
     except ImportError:  # no flock on this platform: runs are not told apart
         yield
         return
-    with open(root / LOCK_NAME, "a+") as fh:
+    try:
+        fh = open(root / LOCK_NAME, "a+")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot use workdir {root}: {_why_not(root, exc)}") from None
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -213,6 +217,24 @@ def job_name_for(root: Path) -> str:
     return f"{JOB}-{n}"
 
 
+def make_workdir(root: Path) -> None:
+    """Create the demo's folder (and its parents); InvalidArgumentError "cannot create workdir ..." naming why, nothing made."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot create workdir {root}: {_why_not(root, exc)}") from None
+
+
+def _why_not(root: Path, exc: OSError) -> str:
+    """Why a folder cannot be made: a file where a folder must be, else the system's words."""
+    for parent in (root, *root.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{parent} is a file, not a folder"
+            break
+    return exc.strerror or str(exc)
+
+
 def resolve_workdir(workdir: str | os.PathLike[str]) -> Path:
     """The demo's folder as an absolute path, resolved once before anything starts (a relative one against the current folder)."""
     return Path(workdir).expanduser().resolve()
@@ -229,10 +251,13 @@ def run_demo(
     """
     started = time.monotonic()
     report = {} if report is None else report
-    root = resolve_workdir(workdir) if workdir else None
+    if workdir is not None and not str(workdir).strip():
+        raise InvalidArgumentError("--workdir is empty: give a folder, or leave --workdir out to use a temporary one")
+    root = resolve_workdir(workdir) if workdir is not None else None
+    if root is not None:
+        make_workdir(root)
     with tempfile.TemporaryDirectory(prefix="clink-demo-") as tmp:
         root = root or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
         with _hold(root):
             job = job_name_for(root)
             report.update(job=job, workdir=str(root) if workdir else None, store=f"file://{root / 'pool-data'}" if workdir else None)

@@ -893,10 +893,11 @@ Examples:
 )
 @click.option(
     "--workdir",
-    type=click.Path(file_okay=False),
+    type=click.Path(),
     help="Keep the demo's store (DIR/pool-data) and the pool's log (DIR/pool.log) in DIR, a relative DIR taken from the current "
     "folder (default: a temporary directory, removed afterwards). Each run in DIR is a new job: word-count-demo, then "
-    "word-count-demo-2, ...; while another demo runs in DIR, a second one stops (exit 69) and writes nothing.",
+    "word-count-demo-2, ...; while another demo runs in DIR, a second one stops (exit 69) and writes nothing. An empty DIR, or one "
+    "that cannot be created, is refused (exit 2).",
 )
 @click.pass_context
 def demo(ctx, workdir):

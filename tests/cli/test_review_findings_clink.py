@@ -203,3 +203,33 @@ def test_a_grpc_source_with_nothing_listening_says_no_pool_is_listening() -> Non
     assert one_line_error(result) == f"clink: error: no pool is listening on {address} (start one with clink-pool serve)"
     assert result.stdout == ""
     assert REFUSED_ATTEMPTS <= 3  # a few quick tries, not 8 with backoff up to 2 s
+
+
+# --- finding 15: clink demo --workdir that is empty or cannot be made ----------------------------------------------------
+
+
+@pytest.mark.parametrize("workdir", ["", "  "])
+def test_an_empty_demo_workdir_is_refused_not_replaced_by_a_temporary_folder(workdir, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = run(["demo", "--workdir", workdir])
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "--workdir is empty: give a folder, or leave --workdir out" in one_line_error(result)
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["afile/sub", "afile/sub/deeper", "afile", "/proc/clink-demo-x"])
+def test_a_workdir_that_cannot_be_created_is_one_line_and_exit_2(where, tmp_path, monkeypatch) -> None:
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("a file\n")
+    if where.startswith("/proc") and not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    result = run(["demo", "--workdir", where])
+    assert result.exit_code == EXIT_USAGE, result.output
+    line = one_line_error(result)
+    target = where if where.startswith("/") else str(tmp_path.resolve() / where)
+    assert f"cannot create workdir {target}: " in line
+    if where.startswith("afile"):
+        assert line.endswith(f"{tmp_path.resolve() / 'afile'} is a file, not a folder")
+    assert result.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
