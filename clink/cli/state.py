@@ -103,6 +103,8 @@ POOL_OPTIONS = (
 
 # every command takes these before or after its name: `clink --s3-region R state-cat SRC` = `clink state-cat SRC --s3-region R`
 SOURCE_OPTIONS = (*S3_OPTIONS, *POOL_OPTIONS, OUTPUT_OPTION)
+# the shared options of a command that reads no SRC, when not all of them (its --help lists only what it uses)
+OWN_SHARED_OPTIONS: dict[str, tuple] = {"demo": (OUTPUT_OPTION,)}
 
 
 def _answered_by_pool(exc: BaseException) -> bool:
@@ -138,7 +140,7 @@ class StateCommandLine(CommandLine):
     """The clink group: its subcommands take the source options too."""
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:  # noqa: D102
-        apply(SOURCE_OPTIONS)(cmd)
+        apply(OWN_SHARED_OPTIONS.get(cmd.name or "", SOURCE_OPTIONS))(cmd)
         super().add_command(cmd, name)
 
     def explain(self, exc: ClinkError) -> str | None:
@@ -612,6 +614,8 @@ Formats:
            user_key binary, value_bytes binary; clink.format_version and clink.state_versions
            in the file's key-value metadata (a derived projection, not restorable; state-cat,
            state-diff and state-query read it back)
+  Both carry the operators' uids the source names (a pool, a stored checkpoint) as
+  clink.operators, JSON {"op_id": "uid"}, so state-cat shows them when it reads the file back.
   iceberg  the same five columns as an Iceberg table (op_id bit-cast to long, key_group int)
            in the catalog you name; a local SQL catalog needs no server
   query    Parquet of the query projection (the five columns plus kind, key_text, key_int64,
@@ -832,7 +836,10 @@ def _new_file_beside(target: Path) -> str:
 
 
 def _export_arrow(source, dst: str, step, force: bool = False) -> int | None:
-    writer = SnapshotArrowWriter(source.state_versions, source.extra_metadata)
+    from clink.tools.projections import operators_metadata
+
+    # the uids the source named travel in the stream's metadata (clink.operators), as in a Parquet export
+    writer = SnapshotArrowWriter(source.state_versions, {**source.extra_metadata, **operators_metadata(source.operators)})
     advance = step("writing arrow stream", total=1)
     if dst == "-":
         sink = sys.stdout.buffer
@@ -850,7 +857,7 @@ def _export_arrow(source, dst: str, step, force: bool = False) -> int | None:
 def _export_parquet(source, dst: str, row_group_rows: int, step, query: bool = False, force: bool = False) -> int:
     import pyarrow.parquet as pq
 
-    from clink.tools.projections import parquet_projection, projection_metadata, query_projection
+    from clink.tools.projections import operators_metadata, parquet_projection, projection_metadata, query_projection
 
     rows = source.table.num_rows
     if query:
@@ -858,6 +865,8 @@ def _export_parquet(source, dst: str, row_group_rows: int, step, query: bool = F
         projected = query_projection(source.table).replace_schema_metadata(meta)
     else:
         projected = parquet_projection(source.table, source.format_version, source.state_versions)
+    # the uids the source named (a pool's, a stored checkpoint's) travel with the file, so its readers show them
+    projected = projected.replace_schema_metadata({**(projected.schema.metadata or {}), **operators_metadata(source.operators)})
     advance = step("writing parquet", total=max(rows, 1))
     with _atomic_output(dst, force) as tmp:
         with pq.ParquetWriter(tmp, projected.schema, compression="zstd") as writer:

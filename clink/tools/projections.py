@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +14,8 @@ from snapshot.format import FORMAT_VERSION, FORMAT_VERSION_KEY, STATE_VERSIONS_K
 # rows decoded per step: bounds the temporary gather indices (8 bytes per key byte) on big tables
 DECODE_CHUNK_ROWS = 1 << 16
 PROJECTION_KEY = b"clink.projection"
+# the operators' uids where the source named them: JSON {"<op_id>": "<uid>"} (a derived file's readers show the names)
+OPERATORS_KEY = b"clink.operators"
 SEP = 0x7C  # '|'
 
 # the Parquet projection; key_group is null for operator-state and legacy raw rows (they have no key group)
@@ -319,6 +321,25 @@ def projection_metadata(format_version: int, state_versions: StateVersionMap, pr
         STATE_VERSIONS_KEY: state_versions.pack().encode(),
         PROJECTION_KEY: projection.encode(),
     }
+
+
+def operators_metadata(operators: Mapping[int, str | None]) -> dict[bytes, bytes]:
+    """The OPERATORS_KEY entry for the named ones of ``operators`` (op_id -> uid); empty when none is named."""
+    import json
+
+    named = {str(op_id): uid for op_id, uid in sorted(operators.items()) if uid}
+    return {OPERATORS_KEY: json.dumps(named, separators=(",", ":")).encode()} if named else {}
+
+
+def operators_from_metadata(metadata: Mapping[bytes, bytes]) -> dict[int, str]:
+    """op_id -> uid from an OPERATORS_KEY entry; empty when absent or unreadable (the names are a courtesy, never needed)."""
+    import json
+
+    try:
+        named = json.loads(metadata.get(OPERATORS_KEY, b"{}"))
+        return {int(op_id): str(uid) for op_id, uid in named.items() if uid} if isinstance(named, dict) else {}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
 def parquet_projection(table: pa.Table, format_version: int = FORMAT_VERSION, state_versions: StateVersionMap | None = None) -> pa.Table:

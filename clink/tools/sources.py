@@ -219,8 +219,23 @@ def _parse_local(spec: str, path: Path) -> SourceRef:
                 f"{spec}: a directory source must be a checkpoint (jobs/<job>/chk-<N>) or a savepoint (savepoints/<name>)"
             )
     if not path.exists():
-        raise NotFoundError(f"{spec}: no such file or directory")
+        raise NotFoundError(f"{spec}: no such file or directory{_did_you_mean(spec)}")
     return SourceRef("file", spec, path=str(path))
+
+
+# HOST:PORT/... typed without a scheme: a pool's address, not a file
+_ADDRESS_WITHOUT_SCHEME = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):([0-9]{1,5})(/.*)?$")
+
+
+def _did_you_mean(spec: str) -> str:
+    """The hint "; did you mean grpc://SPEC?" for a missing path that reads as HOST:PORT/JOB (http:// for an export's URL), else ""."""
+    m = _ADDRESS_WITHOUT_SCHEME.match(spec)
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        return ""
+    rest = m.group(3) or ""
+    if re.match(r"^/jobs/[^/]+/state\.arrow(\?|$)", rest):
+        return f"; did you mean http://{spec}?"
+    return f"; did you mean grpc://{spec if rest.strip('/') else spec.rstrip('/') + '/JOB'}?"
 
 
 # --- loading --------------------------------------------------------------------------------------------
@@ -247,17 +262,13 @@ def snapshot_source(ref: SourceRef, data: bytes | pa.Buffer | pa.NativeFile, sel
         snap = read_snapshot(data)
     except ClinkError as exc:
         raise _with_prefix(exc, ref.describe()) from exc
+    from clink.tools.projections import operators_from_metadata
+
     table = canonical_from_changelog(snap.table) if snap.is_changelog else snap.table
     table = apply_selection(table, selection)
-    return StateSource(
-        ref,
-        table,
-        snap.format_version,
-        snap.state_versions,
-        snap.extra_metadata,
-        {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {},
-        snap.is_changelog,
-    )
+    operators: dict[int, str | None] = {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {}
+    operators.update(operators_from_metadata(snap.extra_metadata))  # the uids a stream names (clink.operators), when it does
+    return StateSource(ref, table, snap.format_version, snap.state_versions, snap.extra_metadata, operators, snap.is_changelog)
 
 
 def _read_local(ref: SourceRef) -> pa.NativeFile:
@@ -284,7 +295,13 @@ def parquet_source(ref: SourceRef, selection: Selection) -> StateSource:
     """A StateSource from a Parquet file `clink state-export` wrote (its five columns back into the canonical table)."""
     import pyarrow.parquet as pq
 
-    from clink.tools.projections import PARQUET_SCHEMA, PROJECTION_KEY, READABLE_PROJECTIONS, canonical_from_projection
+    from clink.tools.projections import (
+        PARQUET_SCHEMA,
+        PROJECTION_KEY,
+        READABLE_PROJECTIONS,
+        canonical_from_projection,
+        operators_from_metadata,
+    )
     from snapshot.format import FORMAT_VERSION_KEY, STATE_VERSIONS_KEY
 
     try:
@@ -306,6 +323,7 @@ def parquet_source(ref: SourceRef, selection: Selection) -> StateSource:
         raise CorruptDataError(f"{ref.spec}: a clink Parquet export that does not read back: {one_line_text(exc)}") from None
     table = apply_selection(table, selection)
     operators: dict[int, str | None] = {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {}
+    operators.update(operators_from_metadata(meta))
     return StateSource(ref, table, format_version, versions, {}, operators, False)
 
 
@@ -528,10 +546,37 @@ def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> St
     except UnavailableError as exc:
         reason = getattr(exc, "unreachable", None)
         if isinstance(reason, str):  # no pool at the address: the reason names it, the call that found out is beside the point
+            if "HTTP/1 answered" in reason and _serves_pool_metrics(ref.address, config.pool_timeout_s):
+                reason = (
+                    f"{ref.address} is the pool's metrics port (its /metrics answered), not its gRPC port: the pool speaks gRPC "
+                    "on the port given to clink-pool serve --listen (7420 by default)"
+                )
             raise UnavailableError(reason) from exc
         raise _with_prefix(exc, f"pool {ref.address}") from exc
     except ClinkError as exc:
         raise _with_prefix(exc, f"pool {ref.address}") from exc
+
+
+def complete_ids(ids) -> str:
+    """The complete checkpoints a not-found message offers instead: all of a few, else the newest five and how many."""
+    have = sorted(ids)
+    if not have:
+        return "it has no complete checkpoint"
+    if len(have) <= 5:
+        return f"complete checkpoints: {', '.join(map(str, have))}"
+    return f"the newest complete checkpoints: {', '.join(map(str, have[-5:]))} (of {len(have)})"
+
+
+def _serves_pool_metrics(address: str, timeout_s: float) -> bool:
+    """Whether http://ADDRESS/metrics answers with a pool's metrics (a grpc:// source given the --metrics-port)."""
+    import urllib.request
+
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"http://{address}/metrics", timeout=min(timeout_s, 3.0)) as resp:
+            return resp.status == 200 and b"clink_pool_" in resp.read(1 << 16)
+    except Exception:  # noqa: BLE001 - only a hint: any failure means "not known to be the metrics port"
+        return False
 
 
 def _scan_pool(ref: SourceRef, selection: Selection, client) -> StateSource:
@@ -551,8 +596,7 @@ def _scan_pool(ref: SourceRef, selection: Selection, client) -> StateSource:
         else:
             checkpoint_id = ref.checkpoint_id
             if checkpoint_id not in checkpoints:  # said here, before a scan whose error would name the checkpoint twice
-                have = ", ".join(str(c) for c in sorted(checkpoints)[-5:]) or "none"
-                raise NotFoundError(f"{where}: checkpoint {checkpoint_id} of job {ref.job!r} not found (newest complete: {have})")
+                raise NotFoundError(f"{where}: checkpoint {checkpoint_id} of job {ref.job!r} not found ({complete_ids(checkpoints)})")
         data = client.scan_checkpoint(ref.job, checkpoint_id, selection.key_groups, selection.op_ids)
         info = checkpoints.get(checkpoint_id)
     source = snapshot_source(ref, data, Selection(selection.key_groups, selection.op_ids))

@@ -86,7 +86,7 @@ def test_pool_not_found_says_it_once(cwd_tmp, grpc_pool, tmp_tree, clink_run, pa
     line = said_once(one_line_error(result))
     assert says in line
     if "chk-99" in path:
-        assert "newest complete: 1, 2" in line
+        assert "(complete checkpoints: 1, 2)" in line
     assert tmp_tree() == before
 
 

@@ -233,3 +233,90 @@ def test_a_workdir_that_cannot_be_created_is_one_line_and_exit_2(where, tmp_path
     if where.startswith("afile"):
         assert line.endswith(f"{tmp_path.resolve() / 'afile'} is a file, not a folder")
     assert result.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+# --- finding 16: the small ones ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served_pool() -> Iterator[tuple[str, int, int]]:
+    """(gRPC address, metrics port, HTTP export port) of a pool over a memory store holding job 'orders', checkpoints 1-7."""
+    from pool.server import PoolServer, PoolServerConfig
+    from store.memory import MemoryStore
+    from tests.cli_fixtures import commit_checkpoints, generated_table
+
+    store = MemoryStore()
+    commit_checkpoints(store, "orders", [generated_table(seed, keyed_rows=30) for seed in range(7)])
+    config = PoolServerConfig(listen="127.0.0.1:0", metrics_port=0, http_port=0, grace_seconds=0.2)
+    server = PoolServer(config, store=store).start()
+    try:
+        assert server.metrics_port and server.http_port
+        yield server.address, server.metrics_port, server.http_port
+    finally:
+        server.stop(0)
+
+
+def test_a_missing_pool_checkpoint_offers_the_complete_ones_by_that_name(served_pool) -> None:
+    from clink.tools.sources import complete_ids
+
+    address, _, _ = served_pool
+    result = run(["state-cat", f"grpc://{address}/orders/chk-99"])
+    assert result.exit_code == 3, result.output
+    line = one_line_error(result)
+    assert "checkpoint 99 of job 'orders' not found (the newest complete checkpoints: 3, 4, 5, 6, 7 (of 7))" in line
+    assert "newest complete:" not in line
+    assert complete_ids([2, 1]) == "complete checkpoints: 1, 2" and complete_ids([]) == "it has no complete checkpoint"
+
+
+def test_grpc_to_the_metrics_port_says_it_is_the_metrics_port(served_pool) -> None:
+    _, metrics_port, http_port = served_pool
+    result = run(["state-cat", f"grpc://127.0.0.1:{metrics_port}/orders"])
+    assert result.exit_code == EXIT_UNAVAILABLE, result.output
+    line = one_line_error(result)
+    assert f"127.0.0.1:{metrics_port} is the pool's metrics port" in line and "--listen" in line
+    assert "--http-port" not in line
+    result = run(["state-cat", f"grpc://127.0.0.1:{http_port}/orders"])  # the export's port keeps its own hint
+    assert result.exit_code == EXIT_UNAVAILABLE and "is it the pool's --http-port?" in one_line_error(result)
+
+
+@pytest.mark.parametrize(
+    ("src", "suggestion"),
+    [
+        ("127.0.0.1:7420/orders", "grpc://127.0.0.1:7420/orders"),
+        ("localhost:7420/orders/chk-3", "grpc://localhost:7420/orders/chk-3"),
+        ("127.0.0.1:7420", "grpc://127.0.0.1:7420/JOB"),
+        ("127.0.0.1:7421/jobs/orders/state.arrow", "http://127.0.0.1:7421/jobs/orders/state.arrow"),
+    ],
+)
+def test_an_address_without_a_scheme_suggests_the_url(cwd_tmp, src, suggestion) -> None:
+    result = run(["state-cat", src])
+    assert result.exit_code == 3, result.output
+    assert one_line_error(result) == f"clink: error: {src}: no such file or directory; did you mean {suggestion}?"
+
+
+def test_a_missing_file_gets_no_suggestion(cwd_tmp) -> None:
+    result = run(["state-cat", "nofile.snap"])
+    assert result.exit_code == 3 and "did you mean" not in one_line_error(result)
+
+
+def test_the_demo_help_lists_only_the_options_it_uses() -> None:
+    demo_help = run(["demo", "--help"]).stdout
+    for option in ("--pool-token", "--pool-ca-file", "--pool-cert-file", "--insecure", "--s3-endpoint-url", "--pool-timeout"):
+        assert option not in demo_help
+    assert "--output" in demo_help and "--workdir" in demo_help
+    assert "--pool-token" in run(["state-cat", "--help"]).stdout  # commands that read a SRC keep them
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_exports_keep_the_operator_names_a_pool_gave(served_pool, tmp_path, suffix) -> None:
+    import json
+
+    from tests.cli_fixtures import OP_IDS
+
+    address, _, _ = served_pool
+    out = tmp_path / f"orders{suffix}"
+    assert run(["state-export", "--from", f"grpc://{address}/orders", "--out", str(out)]).exit_code == 0
+    result = run(["state-cat", str(out), "-o", "json", "-n", "0"])
+    assert result.exit_code == 0, result.output
+    uids = {row["op_id"]: row["uid"] for row in json.loads(result.stdout)["rows"]}
+    assert uids and all(uids[op] == uid for uid, op in OP_IDS.items() if op in uids)
