@@ -1,0 +1,77 @@
+"""Findings of the fresh-eye review of issue 13 on the pool, store and clink-pool side (docs: /work/notes/review13.md).
+
+Each test names its finding; each would fail before its fix. Errors are one line, the exit code comes from the shared
+table (clink/cli/common.py), and nothing is written on error.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from clink.cli.common import EXIT_CONFLICT, EXIT_MEANINGS
+from clink.cli.pool import cli as pool_cli
+from clink.cli.state import cli as state_cli
+from pool.core import PoolCore
+from store.local import FileStore
+from tests.lifecycle_helpers import build_job
+
+
+def run_pool(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(pool_cli, list(args), env=env, catch_exceptions=False)
+
+
+def error_line(result: Result) -> str:
+    """The one line stderr holds."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one error line, got: {result.stderr!r}"
+    assert lines[0].startswith("clink-pool: error: "), lines[0]
+    return lines[0]
+
+
+def tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.fixture
+def job_store(tmp_path: Path) -> tuple[FileStore, str]:
+    """A local store holding job 'orders' with three checkpoints."""
+    store = FileStore(tmp_path / "pool")
+    build_job(PoolCore(store), "orders", 3, random.Random(13))
+    return store, (tmp_path / "pool").as_uri()
+
+
+# --- 14. "already exists" is a conflict of its own, and says what to do ---------------------------------------------
+
+
+def test_14_the_exit_table_says_4_covers_an_existing_name_too():
+    meaning = dict(EXIT_MEANINGS)[EXIT_CONFLICT]
+    assert "exists already" in meaning and "concurrent change won" in meaning
+    for cli in (state_cli, pool_cli):
+        text = " ".join(CliRunner().invoke(cli, ["--help"]).output.split())
+        assert f"{EXIT_CONFLICT} {meaning}" in text
+
+
+def test_14_a_taken_savepoint_name_says_choose_another_name(job_store):
+    store, uri = job_store
+    assert run_pool("savepoint", "--store", uri, "orders", "nightly").exit_code == 0
+    before = tree(store.root)
+    again = run_pool("savepoint", "--store", uri, "orders", "nightly")
+    assert again.exit_code == EXIT_CONFLICT and again.stdout == ""
+    line = error_line(again)
+    assert "savepoint 'nightly' already exists" in line and "another name" in line
+    assert tree(store.root) == before
+
+
+def test_14_a_restore_into_an_existing_job_says_give_a_new_job_name(job_store):
+    store, uri = job_store
+    assert run_pool("savepoint", "--store", uri, "orders", "nightly").exit_code == 0
+    before = tree(store.root)
+    taken = run_pool("restore", "--store", uri, "orders", "--from-savepoint", "nightly")
+    assert taken.exit_code == EXIT_CONFLICT and taken.stdout == ""
+    line = error_line(taken)
+    assert "job orders already exists" in line and "new job name" in line
+    assert tree(store.root) == before
