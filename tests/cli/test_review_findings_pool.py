@@ -75,3 +75,19 @@ def test_14_a_restore_into_an_existing_job_says_give_a_new_job_name(job_store):
     line = error_line(taken)
     assert "job orders already exists" in line and "new job name" in line
     assert tree(store.root) == before
+
+
+# --- 7. gc of a job that is not there is "not found", not "deleted 0" ------------------------------------------------
+
+
+@pytest.mark.parametrize("extra", [[], ["--dry-run"], ["--keep-last", "1"]], ids=["gc", "dry-run", "keep-last"])
+def test_7_gc_of_an_unknown_job_is_not_found(job_store, extra):
+    from clink.cli.common import EXIT_NOT_FOUND
+
+    store, uri = job_store
+    before = tree(store.root)
+    result = run_pool("gc", "--store", uri, "--job", "nope", "--min-age", "0s", *extra)
+    assert result.exit_code == EXIT_NOT_FOUND and result.stdout == ""
+    assert "job nope not found" in error_line(result)
+    assert tree(store.root) == before
+    assert run_pool("gc", "--store", uri, "--job", "orders", "--min-age", "0s").exit_code == 0  # a known job still runs
