@@ -91,3 +91,40 @@ def test_7_gc_of_an_unknown_job_is_not_found(job_store, extra):
     assert "job nope not found" in error_line(result)
     assert tree(store.root) == before
     assert run_pool("gc", "--store", uri, "--job", "orders", "--min-age", "0s").exit_code == 0  # a known job still runs
+
+
+# --- 12. unpin says when there is nothing to unpin, and takes 0 = latest as pin does -------------------------------
+
+
+def test_12_unpin_twice_says_the_second_time_there_is_no_pin_to_remove(job_store):
+    import json
+
+    _, uri = job_store
+    assert run_pool("pin", "--store", uri, "orders", "2", "backfill").exit_code == 0
+    first = run_pool("unpin", "--store", uri, "orders", "2", "backfill", "-o", "json")
+    assert first.exit_code == 0 and json.loads(first.stdout)["unpinned"] is True
+    again = run_pool("unpin", "--store", uri, "orders", "2", "backfill")
+    assert again.exit_code == 0 and again.stderr == ""
+    assert "no pin of checkpoint 2 of orders held by backfill to remove" in again.stdout
+    assert not again.stdout.startswith("unpinned")
+    doc = json.loads(run_pool("unpin", "--store", uri, "orders", "2", "backfill", "-o", "json").stdout)
+    assert doc["unpinned"] is False and doc["pinned_checkpoints"] == []
+
+
+def test_12_unpin_of_the_wrong_checkpoint_names_the_one_the_holder_pins(job_store):
+    _, uri = job_store
+    assert run_pool("pin", "--store", uri, "orders", "1", "backfill").exit_code == 0
+    wrong = run_pool("unpin", "--store", uri, "orders", "2", "backfill")
+    assert wrong.exit_code == 0 and "no pin of checkpoint 2" in wrong.stdout and "backfill pins checkpoint 1" in wrong.stdout
+
+
+def test_12_unpin_takes_0_for_the_latest_checkpoint_as_pin_does(job_store):
+    import json
+
+    store, uri = job_store
+    pinned = json.loads(run_pool("pin", "--store", uri, "orders", "0", "reader", "-o", "json").stdout)
+    assert pinned["checkpoint_id"] == 3
+    result = run_pool("unpin", "--store", uri, "orders", "0", "reader", "-o", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"job": "orders", "checkpoint_id": 3, "holder": "reader", "unpinned": True}
+    assert not list(store.list("jobs/orders/pins/"))
