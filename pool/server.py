@@ -97,6 +97,14 @@ def parse_listen(address: str) -> tuple[str, int]:
     """(host, port) of a HOST:PORT address (an IPv6 host in brackets, port 0..65535, 0: a free one); InvalidArgumentError naming it."""
     m = _HOST_PORT.match(address or "")
     if m is None:
+        scheme, sep, rest = (address or "").partition("://")
+        if sep and scheme:
+            bare = rest.split("/", 1)[0] or "127.0.0.1:7420"
+            raise InvalidArgumentError(f"{address!r}: a listen address takes no scheme ({scheme}://); write HOST:PORT, e.g. {bare}")
+        if address and address.isdigit():
+            raise InvalidArgumentError(
+                f"{address!r} is a port alone; give HOST:PORT, e.g. 127.0.0.1:{address} (0.0.0.0:{address} for every interface)"
+            )
         if address and address.count(":") > 1 and not address.startswith("["):
             raise InvalidArgumentError(f"{address!r}: an IPv6 address goes in brackets, e.g. [::1]:7420")
         if address and ":" not in address:

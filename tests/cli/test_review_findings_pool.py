@@ -128,3 +128,30 @@ def test_12_unpin_takes_0_for_the_latest_checkpoint_as_pin_does(job_store):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"job": "orders", "checkpoint_id": 3, "holder": "reader", "unpinned": True}
     assert not list(store.list("jobs/orders/pins/"))
+
+
+# --- 9. --listen advice: a port alone, a URL ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "listen, wanted, unwanted",
+    [
+        ("7420", "e.g. 127.0.0.1:7420", "7420:7420"),
+        ("http://127.0.0.1:7421", "takes no scheme", "brackets"),
+        ("grpc://127.0.0.1:7421/", "write HOST:PORT, e.g. 127.0.0.1:7421", "brackets"),
+        ("http://[::1]:7421", "e.g. [::1]:7421", "brackets, e.g."),
+    ],
+)
+def test_9_listen_advice_suggests_what_to_write(monkeypatch, tmp_path: Path, listen: str, wanted: str, unwanted: str):
+    import clink.cli.pool
+    import pool.server
+
+    started: list[object] = []
+    monkeypatch.setattr(pool.server, "PoolServer", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(clink.cli.pool, "setup_logging", lambda level, output: None)
+    store = tmp_path / "store"
+    result = run_pool("serve", "--store", store.as_uri(), "--listen", listen)
+    assert result.exit_code == 2 and result.stdout == ""
+    line = error_line(result)
+    assert "--listen" in line and wanted in line and unwanted not in line
+    assert started == [] and not store.exists()
