@@ -22,6 +22,7 @@ from pool.auth import OPEN_METHODS, AuthInterceptor, TlsConfig, TokenTable
 from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.errors import store_redactor
+from pool.http_serving import bind_problem
 from pool.interceptor import StatusInterceptor
 from pool.lifecycle import LifecycleConfig
 from pool.metrics import PoolMetrics
@@ -125,11 +126,37 @@ def parse_listen(address: str) -> tuple[str, int]:
     return host, port
 
 
-# what a failed bind means, said for people
-_BIND_PROBLEMS = {
-    errno.EADDRNOTAVAIL: "address not available on this machine",
-    errno.EACCES: "permission denied (ports below 1024 need privileges)",
-}
+# the addresses a host binds to that take every other one's connections too
+_WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+def _bound_addresses(host: str) -> frozenset[str]:
+    """The addresses a listener on ``host`` binds (a name resolved; the name itself when it does not resolve)."""
+    try:
+        infos = socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return frozenset({host.lower()})
+    return frozenset(str(info[4][0]) for info in infos)
+
+
+def port_clashes(config: PoolServerConfig) -> list[tuple[str, str, int]]:
+    """Pairs of the server's ports (``listen``, ``metrics_port``, ``http_port``) given one port on overlapping hosts: (a, b, port).
+
+    Port 0 (a free one each) never clashes; hosts overlap when they share an address or either is a wildcard.
+    """
+    host, port = parse_listen(config.listen)
+    ports = [
+        ("listen", host, port),
+        ("metrics_port", config.metrics_host, config.metrics_port),
+        ("http_port", config.http_host, config.http_port),
+    ]
+    given = [(name, _bound_addresses(h), p) for name, h, p in ports if p]
+    clashes = []
+    for i, (a, a_hosts, a_port) in enumerate(given):
+        for b, b_hosts, b_port in given[i + 1 :]:
+            if a_port == b_port and (a_hosts & _WILDCARDS or b_hosts & _WILDCARDS or a_hosts & b_hosts):
+                clashes.append((a, b, a_port))
+    return clashes
 
 
 def address_problem(host: str, port: int) -> str | None:
@@ -149,8 +176,8 @@ def address_problem(host: str, port: int) -> str | None:
                 probe.bind(sockaddr)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    return "address already in use (is another pool serving there?)"
-                problems.append(_BIND_PROBLEMS.get(exc.errno or 0, exc.strerror or str(exc)))
+                    return bind_problem(exc)
+                problems.append(bind_problem(exc))
     # grpc serves on the addresses it can bind: only when none binds is the address unusable
     return problems[0] if len(problems) == len(infos) else None
 
@@ -205,7 +232,8 @@ class PoolServer:
             raise InvalidArgumentError(f"max_workers must be at least 1, got {config.max_workers}")
         if config.max_message_bytes < 1 << 20:
             raise InvalidArgumentError(f"max_message_bytes must be at least 1 MiB (chunks are ~1 MiB), got {config.max_message_bytes}")
-        parse_listen(config.listen)
+        for a, b, port in port_clashes(config):
+            raise InvalidArgumentError(f"{a} and {b} both name port {port}: give each its own port (0 picks a free one)")
         self.config = config
         # a store not handed in is opened by start() once the ports are bound: a port in use leaves no store folder behind
         self._store: ObjectStore | None = self._retrying(store) if store is not None else None
@@ -341,10 +369,7 @@ class PoolServer:
     def _bind_http(self) -> None:
         """Serve the metrics endpoint and the HTTP export (the export answers 503 until the store is checked)."""
         if self.config.metrics_port is not None:
-            try:
-                self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port, tls=self.config.tls)
-            except UnavailableError as exc:
-                raise UnavailableError(str(exc).replace("cannot serve HTTP", "cannot serve metrics")) from None
+            self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port, tls=self.config.tls)
         if self.config.http_port is not None:
             from pool.http_export import start_http_export
 

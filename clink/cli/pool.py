@@ -318,7 +318,7 @@ def serve(
     setup_logging(log_level, output.format)
     # imported here so `clink-pool --help` stays fast and works without the server's dependencies loaded
     from pool.domain import PoolConfig
-    from pool.server import PoolServer, PoolServerConfig, stop_on_signals
+    from pool.server import PoolServer, PoolServerConfig, port_clashes, stop_on_signals
 
     config = PoolServerConfig(
         store_uri=store_uri,
@@ -361,6 +361,10 @@ def serve(
         max_concurrent_streams=max_concurrent_streams,
         lifecycle=lifecycle_config(gc_min_age, compact_max_layers, compact_max_delta_mb),
     )
+    for a, b, port in port_clashes(config):  # before anything binds: the second bind would blame "another process"
+        raise click.UsageError(
+            f"{_PORT_FLAGS[b]} {port} is the port {_PORT_FLAGS[a]} names: give each its own port (0 picks a free one)", ctx
+        )
     server = PoolServer(config)
     server.start()
     stop_on_signals(server, grace)
@@ -381,6 +385,10 @@ def serve(
     while not server.wait(timeout=1.0):
         pass
     logging.getLogger("clink.pool").info("exiting after %.0fs", time.monotonic() - started)
+
+
+# the serve flag of each port of PoolServerConfig
+_PORT_FLAGS = {"listen": "--listen", "metrics_port": "--metrics-port", "http_port": "--http-port"}
 
 
 def url_host(host: str) -> str:

@@ -155,3 +155,77 @@ def test_9_listen_advice_suggests_what_to_write(monkeypatch, tmp_path: Path, lis
     line = error_line(result)
     assert "--listen" in line and wanted in line and unwanted not in line
     assert started == [] and not store.exists()
+
+
+# --- 13. one port for two of serve's listeners is a usage error; busy ports say so in the same words ------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "flags, first, second",
+    [
+        (["--listen", "127.0.0.1:{p}", "--http-port", "{p}"], "--listen", "--http-port"),
+        (["--listen", "127.0.0.1:0", "--metrics-port", "{p}", "--http-port", "{p}"], "--metrics-port", "--http-port"),
+        (["--listen", "127.0.0.1:{p}", "--metrics-port", "{p}"], "--listen", "--metrics-port"),
+        (["--listen", "0.0.0.0:{p}", "--http-port", "{p}", "--http-host", "127.0.0.1"], "--listen", "--http-port"),
+    ],
+    ids=["listen-http", "metrics-http", "listen-metrics", "wildcard"],
+)
+def test_13_one_port_for_two_listeners_is_a_usage_error_naming_both_flags(monkeypatch, tmp_path: Path, flags, first, second):
+    import clink.cli.pool
+    import pool.server
+
+    port = _free_port()
+    started: list[object] = []
+    monkeypatch.setattr(pool.server, "PoolServer", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(clink.cli.pool, "setup_logging", lambda level, output: None)
+    store = tmp_path / "store"
+    result = run_pool("serve", "--store", store.as_uri(), *[f.format(p=port) for f in flags])
+    assert result.exit_code == 2 and result.stdout == ""
+    line = error_line(result)
+    assert first in line and second in line and str(port) in line and "already in use" not in line
+    assert started == [] and not store.exists()
+
+
+def test_13_one_port_on_two_distinct_addresses_is_no_clash():
+    from pool.server import PoolServerConfig, port_clashes
+
+    config = PoolServerConfig(listen="127.0.0.1:0", metrics_port=9464, metrics_host="127.0.0.1", http_port=9464, http_host="127.0.0.2")
+    assert port_clashes(config) == []
+    assert port_clashes(PoolServerConfig(listen="127.0.0.1:0", metrics_port=0, http_port=0)) == []  # 0: a free port each
+
+
+def test_13_the_server_refuses_one_port_for_two_listeners_too():
+    from pool.server import PoolServer, PoolServerConfig
+    from snapshot.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="metrics_port and http_port both name port 9464"):
+        PoolServer(PoolServerConfig(listen="127.0.0.1:0", metrics_port=9464, http_port=9464))
+
+
+@pytest.mark.parametrize("which", ["listen", "metrics_port", "http_port"])
+def test_13_a_busy_port_says_so_in_the_same_words_for_every_listener(tmp_path: Path, which: str):
+    import socket
+
+    from pool.server import PoolServer, PoolServerConfig
+    from snapshot.errors import UnavailableError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"listen": "127.0.0.1:0", which: f"127.0.0.1:{port}" if which == "listen" else port}
+        server = PoolServer(PoolServerConfig(store_uri=(tmp_path / "s").as_uri(), grace_seconds=0, **ports))
+        with pytest.raises(UnavailableError) as refused:
+            server.start()
+    text = str(refused.value)
+    assert text.startswith(f"cannot listen on 127.0.0.1:{port}")
+    assert "address already in use (is another pool serving there?)" in text and "Address" not in text
+    assert not (tmp_path / "s").exists()
