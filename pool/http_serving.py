@@ -151,6 +151,7 @@ def serve_http(
     name: str = "pool-http",
     *,
     configure: Callable[[PoolHttpServer], None] | None = None,
+    purpose: str = "HTTP",
 ) -> tuple[PoolHttpServer, threading.Thread]: ...
 
 
@@ -164,6 +165,7 @@ def serve_http(
     *,
     server_class: type[_Server],
     configure: Callable[[_Server], None] | None = None,
+    purpose: str = "HTTP",
 ) -> tuple[_Server, threading.Thread]: ...
 
 

@@ -102,9 +102,7 @@ class Lifecycle:
         """Protect a complete checkpoint (0 = latest) from retention until now + ttl_s: (checkpoint id, expiry ms); see Pins.pin."""
         return self.pins.pin(job, checkpoint_id, holder, ttl_s, owner)
 
-    def unpin(
-        self, job: str, checkpoint_id: int, holder: str, owner: str | None = None, may_unpin_others: bool = True
-    ) -> tuple[int, bool]:
+    def unpin(self, job: str, checkpoint_id: int, holder: str, owner: str | None = None, may_unpin_others: bool = True) -> tuple[int, bool]:
         """Drop a pin (idempotent, 0 = latest): (checkpoint id, whether there was one); see Pins.unpin."""
         return self.pins.unpin(job, checkpoint_id, holder, owner, may_unpin_others)
 

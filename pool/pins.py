@@ -66,9 +66,7 @@ class Pins:
             raise CorruptDataError(f"pin {key} is malformed") from None
         return body if isinstance(body, dict) else {}
 
-    def unpin(
-        self, job: str, checkpoint_id: int, holder: str, owner: str | None = None, may_unpin_others: bool = True
-    ) -> tuple[int, bool]:
+    def unpin(self, job: str, checkpoint_id: int, holder: str, owner: str | None = None, may_unpin_others: bool = True) -> tuple[int, bool]:
         """Drop a pin (idempotent): (checkpoint id, whether a pin was there to remove); 0 = the latest complete checkpoint,
         as for pin. One another owner made goes only with ``may_unpin_others`` (write access to the job).
         """
