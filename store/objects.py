@@ -39,6 +39,12 @@ class StoreConfig:
     read_timeout_s: float = 30
     coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP
 
+    def __post_init__(self) -> None:
+        if self.endpoint_url is not None:  # boto3 would fail later with a bare ValueError, or connect somewhere odd
+            from store.uris import parse_endpoint_url
+
+            parse_endpoint_url(self.endpoint_url)
+
 
 @dataclass
 class StoreCounters:

@@ -211,10 +211,27 @@ def apply(decorators: Sequence[Callable[[Callable], Callable]]) -> Callable[[Cal
     return decorate
 
 
+class EndpointUrl(click.ParamType):
+    """A click type for an S3 endpoint: http:// or https://, a host, a port (store.uris.parse_endpoint_url); '' means none."""
+
+    name = "url"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | None:  # noqa: D102
+        if value is None or value == "":
+            return None
+        from store.uris import parse_endpoint_url
+
+        try:
+            return parse_endpoint_url(value, what="")
+        except InvalidArgumentError as exc:
+            self.fail(str(exc).strip(), param, ctx)
+
+
 S3_OPTIONS = (
     shared_option(
         "--s3-endpoint-url",
         envvar=list(ENV_S3_ENDPOINT),
+        type=EndpointUrl(),
         metavar="URL",
         help="S3 endpoint for s3:// stores (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL. Default: AWS.",
     ),

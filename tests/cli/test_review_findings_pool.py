@@ -229,3 +229,20 @@ def test_13_a_busy_port_says_so_in_the_same_words_for_every_listener(tmp_path: P
     assert text.startswith(f"cannot listen on 127.0.0.1:{port}")
     assert "address already in use (is another pool serving there?)" in text and "Address" not in text
     assert not (tmp_path / "s").exists()
+
+
+# --- 3. --s3-endpoint-url without a scheme is a usage error saying what to write ------------------------------------
+
+
+@pytest.mark.parametrize("cli_name", ["clink-pool", "clink"])
+@pytest.mark.parametrize("given", ["flag", "env"])
+def test_3_an_endpoint_without_a_scheme_is_a_usage_error(tmp_path: Path, cli_name: str, given: str):
+    cli = pool_cli if cli_name == "clink-pool" else state_cli
+    command = ["ls", "--store", "s3://bucket/pool"] if cli_name == "clink-pool" else ["state-cat", "s3://bucket/pool/jobs/j/chk-1"]
+    flag = ["--s3-endpoint-url", "127.0.0.1:5055"] if given == "flag" else []
+    env = {"AWS_ENDPOINT_URL": "127.0.0.1:5055", "AWS_ENDPOINT_URL_S3": ""} if given == "env" else None
+    result = CliRunner().invoke(cli, [*command, *flag], env=env, catch_exceptions=False)
+    assert result.exit_code == 2 and result.stdout == ""
+    line = result.stderr.strip()
+    assert "\n" not in line and line.startswith(f"{cli_name}: error: ")
+    assert "has no scheme; write http://127.0.0.1:5055" in line and "internal error" not in line
