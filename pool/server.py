@@ -183,9 +183,10 @@ def address_problem(host: str, port: int) -> str | None:
 
 
 def probe_store(store: ObjectStore) -> None:
-    """List the store's top level once; UnavailableError naming the bucket, the endpoint or the credentials when it fails.
+    """List the store's top level once; UnavailableError naming the bucket or the endpoint when it fails.
 
-    A missing bucket, refused credentials or an unreadable directory stop the server before it says it serves.
+    A missing bucket, refused credentials or an unreadable directory stop the server before it says it serves; a
+    credentials problem stays UnauthenticatedError / PermissionDeniedError (exit 6, as in every command).
     """
     inner = store.inner if isinstance(store, RetryingStore) else store  # one attempt: a retried listing reads every page
     create = getattr(inner, "create", None)
@@ -193,6 +194,8 @@ def probe_store(store: ObjectStore) -> None:
         create()  # its UnavailableError names the directory
     try:
         inner.list_prefixes("")
+    except (UnauthenticatedError, PermissionDeniedError):
+        raise  # exit 6 as in every other command, its message naming the store, the endpoint and where credentials come from
     except (ClinkError, OSError) as exc:
         raise UnavailableError(_store_problem(inner, exc)) from exc
 
@@ -207,11 +210,6 @@ def _store_problem(store: ObjectStore, exc: BaseException) -> str:
     endpoint = config.endpoint_url or "AWS's default endpoint"
     if isinstance(exc, NotFoundError):
         return f"store {store.uri}: bucket {bucket} does not exist at {endpoint}; create it, or pass --create-bucket"
-    if isinstance(exc, (UnauthenticatedError, PermissionDeniedError)):
-        return (
-            f"store {store.uri} at {endpoint}: {exc}; S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-            "else boto3's default chain (AWS_PROFILE, ~/.aws/credentials, an instance role)"
-        )
     return f"store {store.uri} at {endpoint}: {exc}"
 
 

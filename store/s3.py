@@ -33,12 +33,18 @@ ERROR_BY_S3_CODE: dict[str, type[ClinkError]] = {
     ),
 }
 
+# Said with every credentials problem, by every command (serve, ls, state-cat, ...): where boto3 looks for them
+CREDENTIALS_HINT = (
+    "S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+    "else boto3's default chain (AWS_PROFILE, ~/.aws/credentials, an instance role)"
+)
+
 # What each domain error says, given the S3 code's message
 _MESSAGE_BY_ERROR: dict[type[ClinkError], str] = {
     NotFoundError: "object {what} not found in {uri}",
     ConflictError: "conditional write of {what} in {uri} lost: {message}",
-    UnauthenticatedError: "{uri} rejected the credentials ({what}): {message}",
-    PermissionDeniedError: "access to {what} in {uri} denied: {message}",
+    UnauthenticatedError: "{uri} at {endpoint} rejected the credentials ({what}): {message}; " + CREDENTIALS_HINT,
+    PermissionDeniedError: "access to {what} in {uri} at {endpoint} denied: {message}; " + CREDENTIALS_HINT,
     UnavailableError: "{uri} unavailable ({what}): {code} {message}",
 }
 
@@ -89,6 +95,11 @@ class S3Store(ObjectStore):
             ),
         )
 
+    @property
+    def endpoint(self) -> str:
+        """The endpoint this store talks to, for messages: the configured URL or AWS's default."""
+        return self.config.endpoint_url or "AWS's default endpoint"
+
     def check_exists(self) -> None:
         """NotFoundError "no such bucket" when the bucket is missing (a prefix with no objects is an empty store)."""
         try:
@@ -116,11 +127,12 @@ class S3Store(ObjectStore):
             if code == "NoSuchBucket":
                 raise NotFoundError(f"no such bucket: {self.bucket} ({what} in {self.uri})") from exc
             error = error_for_s3_code(code, status)
-            raise error(_MESSAGE_BY_ERROR[error].format(what=what, uri=self.uri, code=code, message=message)) from exc
+            text = _MESSAGE_BY_ERROR[error].format(what=what, uri=self.uri, endpoint=self.endpoint, code=code, message=message)
+            raise error(text) from exc
         except (bex.EndpointConnectionError, bex.ConnectionError, bex.ReadTimeoutError, bex.ConnectTimeoutError) as exc:
             raise UnavailableError(f"{self.uri} unreachable ({what}): {exc}") from exc
         except bex.NoCredentialsError:
-            raise UnauthenticatedError(f"no credentials found for {self.uri}") from None
+            raise UnauthenticatedError(f"no credentials found for {self.uri} at {self.endpoint}; {CREDENTIALS_HINT}") from None
         except bex.BotoCoreError as exc:
             raise UnavailableError(f"{self.uri} failed on {what}: {exc}") from exc
 

@@ -302,8 +302,8 @@ def serve(
 ) -> None:
     """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
 
-    It binds its ports, then lists the store once: a port in use, a missing bucket, refused credentials or
-    an unreadable directory stop it with one line and exit 69. Once listening it prints one ready line on
+    It binds its ports, then lists the store once: a port in use, a missing bucket or an unreadable directory
+    stop it with one line and exit 69; missing or refused S3 credentials exit 6, as in every command. Once listening it prints one ready line on
     stdout naming the bound address
     (with --output json: {"event": "serving", "address": ..., "port": ..., "metrics_port": ...}).
     S3 credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when set, otherwise from

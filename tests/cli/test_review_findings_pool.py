@@ -246,3 +246,53 @@ def test_3_an_endpoint_without_a_scheme_is_a_usage_error(tmp_path: Path, cli_nam
     line = result.stderr.strip()
     assert "\n" not in line and line.startswith(f"{cli_name}: error: ")
     assert "has no scheme; write http://127.0.0.1:5055" in line and "internal error" not in line
+
+
+# --- 5. missing S3 credentials: the same exit code and the same hint in every command ------------------------------
+
+
+def _no_credentials_env(tmp_path: Path) -> dict[str, str | None]:
+    """Unset every AWS variable boto3 reads credentials from, and point its files at nothing (for CliRunner's env)."""
+    import os
+
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("AWS_")}
+    env.update(
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "no-aws" / "credentials"),
+        AWS_CONFIG_FILE=str(tmp_path / "no-aws" / "config"),
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_REGION="us-east-1",
+    )
+    return env
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["clink-pool", "serve", "--listen", "127.0.0.1:0"],
+        ["clink-pool", "ls"],
+        ["clink-pool", "ls", "orders"],
+        ["clink-pool", "inspect", "orders"],
+        ["clink-pool", "gc", "--dry-run"],
+        ["clink", "state-cat", "{store}/jobs/orders/chk-1"],
+    ],
+    ids=lambda c: "-".join(c[:3]),
+)
+def test_5_missing_credentials_exit_6_with_the_same_hint_everywhere(monkeypatch, make_s3_store, moto_endpoint, tmp_path, command):
+    import clink.cli.pool
+    from clink.cli.common import EXIT_DENIED
+
+    monkeypatch.setattr(clink.cli.pool, "setup_logging", lambda level, output: None)  # keep pytest's log handlers
+    store = make_s3_store()  # the bucket exists: only the credentials are missing
+    prog, *args = [part.format(store=store.uri) for part in command]
+    cli = pool_cli if prog == "clink-pool" else state_cli
+    if prog == "clink-pool":
+        args += ["--store", store.uri]
+    env = _no_credentials_env(tmp_path)
+    result = CliRunner().invoke(cli, [*args, "--s3-endpoint-url", moto_endpoint], env=env, catch_exceptions=False)
+    assert result.exit_code == EXIT_DENIED, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), result.stderr
+    line = lines[0]
+    assert "no credentials found" in line and moto_endpoint in line and store.uri in line
+    assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, else boto3's default chain" in line
+    assert result.stdout == "" and list(store.list()) == []
