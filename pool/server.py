@@ -193,7 +193,7 @@ def probe_store(store: ObjectStore) -> None:
     if callable(create):  # a local store is made by the pool that serves it, so `clink-pool ls` finds it at once
         create()  # its UnavailableError names the directory
     try:
-        inner.list_prefixes("")
+        inner.probe()  # S3: one attempt with StoreConfig.probe_timeout_s, so a silent endpoint stops serve in seconds
     except (UnauthenticatedError, PermissionDeniedError):
         raise  # exit 6 as in every other command, its message naming the store, the endpoint and where credentials come from
     except (ClinkError, OSError) as exc:
@@ -210,7 +210,7 @@ def _store_problem(store: ObjectStore, exc: BaseException) -> str:
     endpoint = config.endpoint_url or "AWS's default endpoint"
     if isinstance(exc, NotFoundError):
         return f"store {store.uri}: bucket {bucket} does not exist at {endpoint}; create it, or pass --create-bucket"
-    return f"store {store.uri} at {endpoint}: {exc}"
+    return f"store {store.uri}: {exc}" if endpoint in str(exc) else f"store {store.uri} at {endpoint}: {exc}"
 
 
 def grpc_options(max_message_bytes: int, max_request_bytes: int | None = None) -> list[tuple[str, int]]:
@@ -386,10 +386,14 @@ class PoolServer:
         """Open the store (a local one creates its directory), create the bucket when asked, and probe it (check_store)."""
         store = self.store
         if self.config.create_bucket:
-            make = getattr(store, "create_bucket", None)
+            inner = store.inner if isinstance(store, RetryingStore) else store
+            make = getattr(inner, "create_bucket", None)
             if make is None:
                 raise InvalidArgumentError(f"create_bucket needs an s3:// store, not {store.uri}")
-            make()
+            try:
+                inner.check_exists()  # one quick attempt first: a silent endpoint is named in seconds, not after every retry
+            except NotFoundError:
+                make()
         if self.config.check_store:
             probe_store(store)
 

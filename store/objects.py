@@ -38,6 +38,9 @@ class StoreConfig:
     connect_timeout_s: float = 5
     read_timeout_s: float = 30
     coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP
+    # the first look at a store (check_exists, probe): one attempt, this long to connect and to answer, so an endpoint
+    # that accepts connections and never answers is reported in seconds, not after every retry's read timeout
+    probe_timeout_s: float = 5
 
     def __post_init__(self) -> None:
         if self.endpoint_url is not None:  # boto3 would fail later with a bare ValueError, or connect somewhere odd
@@ -206,6 +209,10 @@ class ObjectStore(ABC):
 
     def check_exists(self) -> None:  # noqa: B027 - a store with nothing to check (memory, views) keeps this no-op
         """NotFoundError "no such store: ..." when the store itself (a directory, a bucket) is missing; a no-op here."""
+
+    def probe(self) -> None:
+        """Read the store's top level once, as cheaply as it allows (a server's startup check); the store's error otherwise."""
+        self.list_prefixes("")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"

@@ -115,6 +115,10 @@ class RetryingStore(ObjectStore):
         """The wrapped store's existence check, retried."""
         self._retry("check the store exists", self.inner.check_exists)
 
+    def probe(self) -> None:
+        """The wrapped store's startup check, one attempt (a check that retries would hide a silent endpoint for minutes)."""
+        self.inner.probe()
+
     def delete(self, key: str) -> None:
         """Delete, retried (deleting a missing key is not an error)."""
         self._retry(f"delete {key}", lambda: self.inner.delete(key))

@@ -94,6 +94,19 @@ class S3Store(ObjectStore):
                 max_pool_connections=32,
             ),
         )
+        # the first look (check_exists, probe): one attempt, short timeouts, so a silent endpoint is named in seconds
+        self._probe_timeout_s = min(config.probe_timeout_s, config.connect_timeout_s + config.read_timeout_s)
+        self._probe_client = session.client(
+            "s3",
+            endpoint_url=config.endpoint_url,
+            config=Config(
+                retries={"total_max_attempts": 1, "mode": "standard"},  # max_attempts would count the retries only
+                connect_timeout=min(config.connect_timeout_s, self._probe_timeout_s),
+                read_timeout=self._probe_timeout_s,
+                s3={"addressing_style": "path"} if config.endpoint_url else {},
+                max_pool_connections=1,
+            ),
+        )
 
     @property
     def endpoint(self) -> str:
@@ -101,20 +114,30 @@ class S3Store(ObjectStore):
         return self.config.endpoint_url or "AWS's default endpoint"
 
     def check_exists(self) -> None:
-        """NotFoundError "no such bucket" when the bucket is missing (a prefix with no objects is an empty store)."""
+        """NotFoundError "no such bucket" when the bucket is missing (a prefix with no objects is an empty store).
+
+        One attempt with the probe timeout (StoreConfig.probe_timeout_s): an endpoint that never answers is UnavailableError
+        naming it within seconds.
+        """
         try:
-            with self._errors(f"bucket {self.bucket}"):
-                self._client.head_bucket(Bucket=self.bucket)
+            with self._errors(f"bucket {self.bucket}", self._probe_timeout_s):
+                self._probe_client.head_bucket(Bucket=self.bucket)
         except NotFoundError:
             where = self.config.endpoint_url or "AWS"
             raise NotFoundError(f"no such bucket: {self.bucket} (store {self.uri} at {where})") from None
         self.counters.count("head")
 
+    def probe(self) -> None:
+        """List one key under the store's prefix (credentials, bucket and endpoint checked), one attempt, probe timeout."""
+        with self._errors(f"list {self.prefix or '/'}", self._probe_timeout_s):
+            self._probe_client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+        self.counters.count("list")
+
     def _full(self, key: str) -> str:
         return self.prefix + validate_key(key)
 
     @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
+    def _errors(self, what: str, timeout_s: float | None = None) -> Iterator[None]:
         try:
             yield
         except bex.ClientError as exc:
@@ -129,8 +152,15 @@ class S3Store(ObjectStore):
             error = error_for_s3_code(code, status)
             text = _MESSAGE_BY_ERROR[error].format(what=what, uri=self.uri, endpoint=self.endpoint, code=code, message=message)
             raise error(text) from exc
-        except (bex.EndpointConnectionError, bex.ConnectionError, bex.ReadTimeoutError, bex.ConnectTimeoutError) as exc:
-            raise UnavailableError(f"{self.uri} unreachable ({what}): {exc}") from exc
+        except (bex.ReadTimeoutError, bex.ConnectTimeoutError) as exc:
+            waited = timeout_s if timeout_s is not None else self.config.read_timeout_s
+            verb = "did not accept a connection" if isinstance(exc, bex.ConnectTimeoutError) else "did not answer"
+            raise UnavailableError(
+                f"S3 endpoint {self.endpoint} {verb} within {waited:g} s ({what} in {self.uri}); "
+                "is it the right URL (--s3-endpoint-url), and an S3 service that is up?"
+            ) from exc
+        except (bex.EndpointConnectionError, bex.ConnectionError) as exc:
+            raise UnavailableError(f"cannot reach S3 endpoint {self.endpoint} ({what} in {self.uri}): {exc}") from exc
         except bex.NoCredentialsError:
             raise UnauthenticatedError(f"no credentials found for {self.uri} at {self.endpoint}; {CREDENTIALS_HINT}") from None
         except bex.BotoCoreError as exc:

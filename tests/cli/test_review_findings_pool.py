@@ -296,3 +296,53 @@ def test_5_missing_credentials_exit_6_with_the_same_hint_everywhere(monkeypatch,
     assert "no credentials found" in line and moto_endpoint in line and store.uri in line
     assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, else boto3's default chain" in line
     assert result.stdout == "" and list(store.list()) == []
+
+
+# --- 1. an S3 endpoint that accepts connections and never answers is named within seconds -----------------------------
+
+SILENT_BOUND_S = 12  # the probe waits StoreConfig.probe_timeout_s (5 s), once; before the fix it waited 30 s x 6 attempts
+
+
+@pytest.fixture
+def silent_endpoint():
+    """http://127.0.0.1:PORT of a socket that accepts connections (in its backlog) and never answers."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        yield f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["clink-pool", "serve", "--listen", "127.0.0.1:0"],
+        ["clink-pool", "serve", "--listen", "127.0.0.1:0", "--create-bucket"],
+        ["clink-pool", "ls"],
+        ["clink", "state-cat", "s3://bucket/pool/jobs/orders/chk-1"],
+    ],
+    ids=["serve", "serve-create-bucket", "ls", "state-cat"],
+)
+def test_1_a_silent_endpoint_fails_within_seconds_naming_it(monkeypatch, silent_endpoint: str, command: list[str]):
+    import time
+
+    import clink.cli.pool
+    from clink.cli.common import EXIT_UNAVAILABLE
+
+    monkeypatch.setattr(clink.cli.pool, "setup_logging", lambda level, output: None)  # keep pytest's log handlers
+    prog, *args = command
+    if prog == "clink-pool":
+        args += ["--store", "s3://bucket/pool"]
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+    started = time.monotonic()
+    result = CliRunner().invoke(
+        pool_cli if prog == "clink-pool" else state_cli, [*args, "--s3-endpoint-url", silent_endpoint], env=env, catch_exceptions=False
+    )
+    took = time.monotonic() - started
+    assert result.exit_code == EXIT_UNAVAILABLE, (result.stdout, result.stderr)
+    assert took < SILENT_BOUND_S, took
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), result.stderr
+    assert f"S3 endpoint {silent_endpoint} did not answer within 5 s" in lines[0] and "--s3-endpoint-url" in lines[0]
+    assert result.stdout == ""

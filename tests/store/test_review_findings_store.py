@@ -34,3 +34,46 @@ def test_3_an_unusable_endpoint_is_an_invalid_argument_saying_what_to_write(url:
 def test_3_good_endpoints_pass(url: str):
     assert parse_endpoint_url(url) == url
     assert StoreConfig(endpoint_url=url).endpoint_url == url
+
+
+# --- 1. the first look at a store is one attempt with a short timeout --------------------------------------------------
+
+
+@pytest.fixture
+def silent_endpoint():
+    """http://127.0.0.1:PORT of a socket that accepts connections (in its backlog) and never answers."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        yield f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("call", ["check_exists", "probe"])
+def test_1_check_and_probe_take_one_attempt_within_the_probe_timeout(silent_endpoint: str, call: str):
+    import time
+
+    from snapshot.errors import UnavailableError
+    from store.s3 import S3Store
+
+    config = StoreConfig(endpoint_url=silent_endpoint, region="us-east-1", access_key_id="k", secret_access_key="s", probe_timeout_s=1)
+    store = S3Store("bucket", "pool", config)
+    started = time.monotonic()
+    with pytest.raises(UnavailableError, match=f"S3 endpoint {silent_endpoint} did not answer within 1 s"):
+        store.probe() if call == "probe" else store.check_exists()
+    assert time.monotonic() - started < 3  # one attempt of 1 s, not 30 s x 6
+
+
+def test_1_a_closed_port_is_named_at_once():
+    import socket
+
+    from snapshot.errors import UnavailableError
+    from store.s3 import S3Store
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    config = StoreConfig(endpoint_url=closed, region="us-east-1", access_key_id="k", secret_access_key="s")
+    with pytest.raises(UnavailableError, match=f"cannot reach S3 endpoint {closed}"):
+        S3Store("bucket", "pool", config).check_exists()
