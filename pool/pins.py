@@ -66,13 +66,22 @@ class Pins:
             raise CorruptDataError(f"pin {key} is malformed") from None
         return body if isinstance(body, dict) else {}
 
-    def unpin(self, job: str, checkpoint_id: int, holder: str, owner: str | None = None, may_unpin_others: bool = True) -> tuple[int, bool]:
-        """Drop a pin (idempotent): (checkpoint id, whether a pin was there to remove); 0 = the latest complete checkpoint,
-        as for pin. One another owner made goes only with ``may_unpin_others`` (write access to the job).
+    def unpin(
+        self,
+        job: str,
+        checkpoint_id: int,
+        holder: str,
+        owner: str | None = None,
+        may_unpin_others: bool = True,
+        latest_for_0: bool = False,
+    ) -> tuple[int, bool]:
+        """Drop a pin (idempotent): (checkpoint id, whether a pin was there to remove); ``latest_for_0`` reads 0 as the
+        latest complete checkpoint, as pin does (`clink-pool unpin`; the RPC keeps asking for a positive id).
+        One another owner made goes only with ``may_unpin_others`` (write access to the job).
         """
         job, holder = self.context.job(job), self.context.name(holder, "pin holder")
-        if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
-            raise InvalidArgumentError(f"checkpoint id {checkpoint_id!r} of a pin must be a positive integer (0: the latest)")
+        if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < (0 if latest_for_0 else 1):
+            raise InvalidArgumentError(f"checkpoint id {checkpoint_id!r} of a pin must be a positive integer")
         if checkpoint_id == 0:
             checkpoint_id = self.context.open_checkpoint(job, 0)[1].checkpoint_id
         key = pin_key(job, checkpoint_id, holder)

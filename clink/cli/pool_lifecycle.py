@@ -262,7 +262,7 @@ def pin_cmd(ctx: click.Context, job: str, checkpoint: int, holder: str, ttl: flo
 def unpin_cmd(ctx: click.Context, job: str, checkpoint: int, holder: str) -> None:
     """Drop HOLDER's pin on CHECKPOINT of JOB (0 = latest); says so when there is none to remove (exit 0 all the same)."""
     life = _lifecycle(ctx)
-    checkpoint, removed = life.unpin(job, checkpoint, holder)
+    checkpoint, removed = life.unpin(job, checkpoint, holder, latest_for_0=True)
     doc: dict[str, Any] = {"job": job, "checkpoint_id": checkpoint, "holder": holder, "unpinned": removed}
     if removed:
         text = f"unpinned checkpoint {checkpoint} of {job} for {holder}"
