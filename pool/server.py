@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import json
 import logging
 import re
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,12 +31,14 @@ from pool.metrics import PoolMetrics
 from pool.servicer import SERVICE_NAME, RemotePoolServicer, add_to_server
 from snapshot.errors import (
     ClinkError,
+    ConflictError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
     UnauthenticatedError,
     UnavailableError,
 )
+from store.layout import STORE_MARKER, STORE_MARKER_FORMAT, holds_a_store
 from store.objects import ObjectStore, StoreConfig, open_store
 from store.retry import RetryingStore, StoreRetryConfig
 
@@ -198,6 +202,27 @@ def probe_store(store: ObjectStore) -> None:
         raise  # exit 6 as in every other command, its message naming the store, the endpoint and where credentials come from
     except (ClinkError, OSError) as exc:
         raise UnavailableError(_store_problem(inner, exc)) from exc
+    mark_store(inner)
+
+
+def mark_store(store: ObjectStore) -> None:
+    """Write the store marker (store.layout.STORE_MARKER) into a store that holds nothing of a store yet.
+
+    Readers call a prefix or folder that holds no jobs/, savepoints/ or marker "no such store" (a typo); a pool that serves
+    a new store marks it, so `clink-pool ls` lists it as empty. A marker it cannot write (read-only credentials) is a warning.
+    """
+    try:
+        if holds_a_store(store):
+            return
+        body = {"format": STORE_MARKER_FORMAT, "version": 1, "created_at_ms": int(time.time() * 1000), "created_by": "clink-pool serve"}
+        store.put_if_absent(STORE_MARKER, json.dumps(body, sort_keys=True).encode())
+        log.info("marked %s as a new store (%s)", store.uri, STORE_MARKER)
+    except ConflictError:
+        pass  # another pool marked it meanwhile
+    except ClinkError as exc:
+        log.warning(
+            "could not write %s into the new store %s (%s); readers call it no such store until a job commits", STORE_MARKER, store.uri, exc
+        )
 
 
 def _store_problem(store: ObjectStore, exc: BaseException) -> str:

@@ -197,6 +197,10 @@ class ObjectStore(ABC):
                 out[i] = bytes(view[start - span_start : start - span_start + length])
         return out
 
+    def holds(self, prefix: str = "") -> bool:
+        """Whether any object's key starts with ``prefix`` ('' or ending in '/': a folder holds an object); stops at the first."""
+        return next(iter(self.list(prefix)), None) is not None
+
     def exists(self, key: str) -> bool:
         """Whether an object has this key."""
         from snapshot.errors import NotFoundError

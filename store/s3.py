@@ -291,6 +291,14 @@ class S3Store(ObjectStore):
                     held.append(full[len(self.prefix) + len(prefix) :].rstrip("/"))
         return sorted(held)
 
+    def holds(self, prefix: str = "") -> bool:
+        """Whether any object's key starts with ``prefix``: one listing of at most one key."""
+        validate_prefix(prefix)
+        with self._errors(f"list {prefix!r}"):
+            found = self._client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + prefix, MaxKeys=1).get("KeyCount", 0)
+        self.counters.count("list")
+        return bool(found)
+
     def delete(self, key: str) -> None:
         """DELETE; a missing key is fine."""
         full = self._full(key)

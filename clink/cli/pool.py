@@ -54,12 +54,17 @@ def store_uri_of(ctx: click.Context, default: str | None = None) -> str:
 def open_store_of(ctx: click.Context, uri: str | None = None, must_exist: bool = True):
     """The object store at ``uri`` (default: --store) with the S3 options given wherever.
 
-    ``must_exist`` (every command but a restore or savepoint into a new store): "no such store", exit 3, for a missing one.
+    ``must_exist`` (every command but a restore or savepoint into a new store): "no such store", exit 3, for a missing
+    one, and for a folder or prefix that holds no store (no jobs/, savepoints/ or the marker a serving pool writes).
     """
+    from store.layout import require_store
     from store.objects import open_store
 
     config = store_config(shared_value(ctx, "s3_endpoint_url"), shared_value(ctx, "s3_region"))
-    return open_store(uri or store_uri_of(ctx), config, must_exist=must_exist)
+    store = open_store(uri or store_uri_of(ctx), config, must_exist=must_exist)
+    if must_exist:
+        require_store(store)
+    return store
 
 
 class _JsonFormatter(logging.Formatter):

@@ -346,3 +346,90 @@ def test_1_a_silent_endpoint_fails_within_seconds_naming_it(monkeypatch, silent_
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), result.stderr
     assert f"S3 endpoint {silent_endpoint} did not answer within 5 s" in lines[0] and "--s3-endpoint-url" in lines[0]
     assert result.stdout == ""
+
+
+# --- 4. a prefix or folder that holds no store is "no such store", a new store a pool serves is an empty one -------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["ls"], ["ls", "orders"], ["inspect", "orders"], ["gc", "--dry-run"], ["pin", "orders", "0", "h"], ["unpin", "orders", "1", "h"]],
+    ids=lambda c: "-".join(c),
+)
+@pytest.mark.parametrize("folder", ["empty", "other-files"])
+def test_4_a_folder_that_holds_no_store_is_no_such_store(tmp_path: Path, command: list[str], folder: str):
+    from clink.cli.common import EXIT_NOT_FOUND
+
+    root = tmp_path / "not-a-store"
+    root.mkdir()
+    if folder == "other-files":
+        (root / "notes.txt").write_text("someone else's folder")
+        (root / "photos").mkdir()
+        (root / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    before = tree(tmp_path)
+    result = run_pool(*command, "--store", root.as_uri())
+    assert result.exit_code == EXIT_NOT_FOUND and result.stdout == ""
+    line = error_line(result)
+    assert f"no such store: {root.as_uri()}" in line
+    assert ("nothing under it" in line) == (folder == "empty")
+    assert tree(tmp_path) == before
+
+
+def test_4_a_mistyped_s3_prefix_or_a_bucket_root_is_no_such_store(make_s3_store, s3_cli_env, tmp_path):
+    from clink.cli.common import EXIT_NOT_FOUND
+
+    store = make_s3_store(prefix="pool")
+    build_job(PoolCore(store), "orders", 1, random.Random(4))
+    bucket = store.uri.removeprefix("s3://").split("/")[0]
+    typo = f"s3://{bucket}/pol"
+    for uri, needle in ((typo, "nothing under it"), (f"s3://{bucket}", "no jobs/, savepoints/ or clink-store.json")):
+        result = run_pool("ls", "--store", uri, env=s3_cli_env)
+        assert result.exit_code == EXIT_NOT_FOUND, result.output
+        line = error_line(result)
+        assert f"no such store: {uri}" in line and needle in line
+    cat = CliRunner().invoke(state_cli, ["state-cat", f"{typo}/jobs/orders/chk-1"], env=s3_cli_env, catch_exceptions=False)
+    assert cat.exit_code == EXIT_NOT_FOUND and f"no such store: {typo} (nothing under it" in cat.stderr
+    good = run_pool("ls", "--store", store.uri, "-o", "json", env=s3_cli_env)  # the real store, with no marker, still reads
+    assert good.exit_code == 0 and '"orders"' in good.stdout
+
+
+def test_4_a_missing_checkpoint_in_a_real_store_is_still_checkpoint_not_found(job_store):
+    from clink.cli.common import EXIT_NOT_FOUND
+
+    store, _ = job_store
+    cat = CliRunner().invoke(state_cli, ["state-cat", f"{store.root}/jobs/orders/chk-9"], catch_exceptions=False)
+    assert cat.exit_code == EXIT_NOT_FOUND and "checkpoint 9" in cat.stderr and "no such store" not in cat.stderr
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_4_a_new_store_a_pool_serves_lists_as_empty(tmp_path: Path, make_s3_store, s3_config, s3_cli_env, kind: str):
+    import json
+
+    from pool.server import PoolServer, PoolServerConfig
+    from store.layout import STORE_MARKER
+
+    if kind == "file":
+        uri, env, config = (tmp_path / "new-store").as_uri(), None, None
+    else:
+        uri, env, config = make_s3_store(prefix="fresh").uri, s3_cli_env, s3_config
+    assert run_pool("ls", "--store", uri, env=env).exit_code == 3  # nothing there yet: no such store
+    extra = {"store": config} if config is not None else {}
+    PoolServer(PoolServerConfig(store_uri=uri, listen="127.0.0.1:0", grace_seconds=0, **extra)).start().stop(0)
+    listed = run_pool("ls", "--store", uri, "-o", "json", env=env)
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.stdout) == {"jobs": [], "savepoints": []}
+    assert run_pool("ls", "--store", uri, env=env).stdout.strip() == "(empty store)"
+    if kind == "file":
+        marker = json.loads((tmp_path / "new-store" / STORE_MARKER).read_text())
+        assert marker["format"] == "clink.store" and marker["version"] == 1
+    assert run_pool("gc", "--store", uri, "--min-age", "0s", env=env).exit_code == 0  # gc leaves the marker alone
+    assert run_pool("ls", "--store", uri, env=env).exit_code == 0
+
+
+def test_4_serving_a_store_that_holds_jobs_writes_no_marker(job_store):
+    from pool.server import PoolServer, PoolServerConfig
+    from store.layout import STORE_MARKER
+
+    store, uri = job_store
+    PoolServer(PoolServerConfig(store_uri=uri, listen="127.0.0.1:0", grace_seconds=0)).start().stop(0)
+    assert not store.exists(STORE_MARKER)

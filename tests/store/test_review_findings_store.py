@@ -77,3 +77,32 @@ def test_1_a_closed_port_is_named_at_once():
     config = StoreConfig(endpoint_url=closed, region="us-east-1", access_key_id="k", secret_access_key="s")
     with pytest.raises(UnavailableError, match=f"cannot reach S3 endpoint {closed}"):
         S3Store("bucket", "pool", config).check_exists()
+
+
+# --- 4. what a store holds: holds(prefix) and the store rule ---------------------------------------------------------
+
+
+def test_4_holds_says_whether_a_folder_holds_an_object(store):
+    from store.layout import STORE_MARKER, holds_a_store
+
+    assert not store.holds("") and not store.holds("jobs/") and not holds_a_store(store)
+    store.put("notes/readme.txt", b"not a store")
+    assert store.holds("") and store.holds("notes/") and not store.holds("jobs/") and not holds_a_store(store)
+    store.put("savepoints/s/_metadata", b"{}")
+    assert store.holds("savepoints/") and holds_a_store(store)
+    store.delete("savepoints/s/_metadata")
+    store.put(STORE_MARKER, b"{}")
+    assert holds_a_store(store)
+
+
+def test_4_a_file_store_s_own_temp_folder_and_lock_are_no_objects(tmp_path):
+    from snapshot.errors import NotFoundError
+    from store.layout import holds_a_store, require_store
+    from store.local import FileStore
+
+    store = FileStore(tmp_path / "s")
+    store.create()
+    (tmp_path / "s" / ".clink-lock").write_bytes(b"")
+    assert not store.holds("") and not holds_a_store(store)
+    with pytest.raises(NotFoundError, match=r"no such store: .* \(nothing under it"):
+        require_store(store)
