@@ -154,11 +154,14 @@ def port_clashes(config: PoolServerConfig) -> list[tuple[str, str, int]]:
         ("metrics_port", config.metrics_host, config.metrics_port),
         ("http_port", config.http_host, config.http_port),
     ]
-    given = [(name, _bound_addresses(h), p) for name, h, p in ports if p]
+    given = [(name, h, p) for name, h, p in ports if p]
     clashes = []
-    for i, (a, a_hosts, a_port) in enumerate(given):
-        for b, b_hosts, b_port in given[i + 1 :]:
-            if a_port == b_port and (a_hosts & _WILDCARDS or b_hosts & _WILDCARDS or a_hosts & b_hosts):
+    for i, (a, a_host, a_port) in enumerate(given):
+        for b, b_host, b_port in given[i + 1 :]:
+            if a_port != b_port:
+                continue  # hosts are resolved only for ports given twice
+            a_hosts, b_hosts = _bound_addresses(a_host), _bound_addresses(b_host)
+            if a_hosts & _WILDCARDS or b_hosts & _WILDCARDS or a_hosts & b_hosts:
                 clashes.append((a, b, a_port))
     return clashes
 
