@@ -83,7 +83,7 @@ class GarbageCollector:
         in a store-wide run, files of savepoint folders without _metadata (an interrupted savepoint), both past the
         minimum age. A run writes a progress marker (gc/progress.json, or jobs/<job>/gc-progress.json for one job) before
         deleting and removes it at the end, so an interrupted run is reported by the next one in its scope, which
-        recomputes everything from a fresh listing (deletes are idempotent).
+        recomputes everything from a fresh listing (deletes are idempotent). A ``job`` with no object is NotFoundError.
         """
         scope = "" if job is None else job_prefix(self.context.job(job))
         marker_key = job_gc_marker_key(job) if job is not None else GC_MARKER
@@ -101,6 +101,8 @@ class GarbageCollector:
                 by_job.setdefault(parsed.job, []).append(info)
             elif (savepoint := savepoint_of(info.key)) is not None:
                 by_savepoint.setdefault(savepoint, []).append(info)
+        if job is not None and not result.listed_objects:
+            raise NotFoundError(f"job {job} not found in {self.context.store.uri}")  # not "deleted 0": a typo'd job is no job
         if markers and not dry_run:
             try:
                 result.resumed = json.loads(self.context.store.get(markers[0]))

@@ -299,10 +299,9 @@ def start_http_export(
         server.redact = redact
         server.metrics = metrics
 
-    try:
-        server, thread = serve_http(host, port, _Handler, tls, name="pool-http-export", server_class=_ExportServer, configure=configure)
-    except UnavailableError as exc:
-        raise UnavailableError(str(exc).replace("cannot serve HTTP", "cannot serve the HTTP export")) from None
+    server, thread = serve_http(
+        host, port, _Handler, tls, name="pool-http-export", server_class=_ExportServer, configure=configure, purpose="the HTTP export"
+    )
     export = HttpExport(server, thread, host, server.server_address[1], tls=tls is not None)
     log.info("HTTP export on %s/jobs/JOB/state.arrow", export.url)
     return export

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import sys
@@ -17,6 +18,19 @@ if TYPE_CHECKING:
     from pool.auth import TlsConfig
 
 log = logging.getLogger("clink.pool.http")
+
+# what a failed bind means, said for people: the same words for the gRPC, metrics and HTTP export ports
+BIND_PROBLEMS = {
+    errno.EADDRINUSE: "address already in use (is another pool serving there?)",
+    errno.EADDRNOTAVAIL: "address not available on this machine",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+}
+
+
+def bind_problem(exc: OSError) -> str:
+    """Why a bind failed, in the words every port of the pool uses (lower case, no errno)."""
+    return BIND_PROBLEMS.get(exc.errno or 0) or (exc.strerror or str(exc)).lower()
+
 
 # seconds an idle or stalled connection (a TLS handshake included) may hold its thread between two reads
 SOCKET_TIMEOUT_S = 60.0
@@ -137,6 +151,7 @@ def serve_http(
     name: str = "pool-http",
     *,
     configure: Callable[[PoolHttpServer], None] | None = None,
+    purpose: str = "HTTP",
 ) -> tuple[PoolHttpServer, threading.Thread]: ...
 
 
@@ -150,6 +165,7 @@ def serve_http(
     *,
     server_class: type[_Server],
     configure: Callable[[_Server], None] | None = None,
+    purpose: str = "HTTP",
 ) -> tuple[_Server, threading.Thread]: ...
 
 
@@ -161,16 +177,18 @@ def serve_http(
     name: str = "pool-http",
     server_class: type[PoolHttpServer] = PoolHttpServer,
     configure: Callable[[Any], None] | None = None,
+    purpose: str = "HTTP",
 ) -> tuple[PoolHttpServer, threading.Thread]:
     """Serve ``handler`` on host:port (0: a free port) from a background thread; HTTPS with a pool.auth.TlsConfig.
 
     The TLS handshake runs lazily in each connection's own thread under the handler's socket timeout, so a client that
-    connects and sends nothing never stalls the accept loop (and with it every other client).
+    connects and sends nothing never stalls the accept loop (and with it every other client). A port that cannot be bound
+    is UnavailableError "cannot listen on HOST:PORT for ``purpose``: why".
     """
     try:
         server = server_class((host, port), handler)
     except OSError as exc:
-        raise UnavailableError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}") from exc
+        raise UnavailableError(f"cannot listen on {host}:{port} for {purpose}: {bind_problem(exc)}") from exc
     if tls is not None:
         server.socket = tls.ssl_context().wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     if configure is not None:  # before the first request can arrive

@@ -102,9 +102,21 @@ class Lifecycle:
         """Protect a complete checkpoint (0 = latest) from retention until now + ttl_s: (checkpoint id, expiry ms); see Pins.pin."""
         return self.pins.pin(job, checkpoint_id, holder, ttl_s, owner)
 
-    def unpin(self, job: str, checkpoint_id: int, holder: str, owner: str | None = None, may_unpin_others: bool = True) -> None:
-        """Drop a pin (idempotent); one another owner made only with ``may_unpin_others`` (write access to the job)."""
-        self.pins.unpin(job, checkpoint_id, holder, owner, may_unpin_others)
+    def unpin(
+        self,
+        job: str,
+        checkpoint_id: int,
+        holder: str,
+        owner: str | None = None,
+        may_unpin_others: bool = True,
+        latest_for_0: bool = False,
+    ) -> tuple[int, bool]:
+        """Drop a pin (idempotent; 0 = latest with ``latest_for_0``): (checkpoint id, whether there was one); see Pins.unpin."""
+        return self.pins.unpin(job, checkpoint_id, holder, owner, may_unpin_others, latest_for_0)
+
+    def pins_held_by(self, job: str, holder: str) -> list[int]:
+        """The checkpoints of ``job`` that ``holder`` pins, sorted."""
+        return self.pins.held_by(job, holder)
 
     def retain(self, job: str, keep_last: int | None = None, dry_run: bool = False) -> RetentionResult:
         """Delete complete checkpoints older than the newest keep_last (unless pinned) and abandoned ones; see Retention.retain."""

@@ -127,7 +127,7 @@ class PoolMetrics:
                 self.end_headers()
                 self.wfile.write(body)
 
-        server, thread = serve_http(host, port, Handler, tls, name="pool-metrics")
+        server, thread = serve_http(host, port, Handler, tls, name="pool-metrics", purpose="metrics")
         self._http, self._http_thread = server, thread
         self.http_port = server.server_address[1]
         return self.http_port

@@ -6,7 +6,7 @@ import json
 
 from pool.lifecycle_context import LifecycleContext
 from snapshot.errors import CorruptDataError, InvalidArgumentError, LimitExceededError, NotFoundError, PermissionDeniedError
-from store.layout import metadata_key, pin_key, pin_prefix
+from store.layout import metadata_key, parse_job_key, pin_key, pin_prefix
 from store.objects import ObjectInfo
 
 PIN_FORMAT = "clink.pin"
@@ -66,19 +66,44 @@ class Pins:
             raise CorruptDataError(f"pin {key} is malformed") from None
         return body if isinstance(body, dict) else {}
 
-    def unpin(self, job: str, checkpoint_id: int, holder: str, owner: str | None = None, may_unpin_others: bool = True) -> None:
-        """Drop a pin (idempotent); one another owner made only with ``may_unpin_others`` (write access to the job)."""
+    def unpin(
+        self,
+        job: str,
+        checkpoint_id: int,
+        holder: str,
+        owner: str | None = None,
+        may_unpin_others: bool = True,
+        latest_for_0: bool = False,
+    ) -> tuple[int, bool]:
+        """Drop a pin (idempotent): (checkpoint id, whether a pin was there to remove); ``latest_for_0`` reads 0 as the
+        latest complete checkpoint, as pin does (`clink-pool unpin`; the RPC keeps asking for a positive id).
+        One another owner made goes only with ``may_unpin_others`` (write access to the job).
+        """
         job, holder = self.context.job(job), self.context.name(holder, "pin holder")
-        if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 1:
+        if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < (0 if latest_for_0 else 1):
             raise InvalidArgumentError(f"checkpoint id {checkpoint_id!r} of a pin must be a positive integer")
+        if checkpoint_id == 0:
+            checkpoint_id = self.context.open_checkpoint(job, 0)[1].checkpoint_id
         key = pin_key(job, checkpoint_id, holder)
-        if not may_unpin_others:
-            current = self._body(key)
-            if current is not None and current.get("owner") != owner:
-                raise PermissionDeniedError(
-                    f"pin {holder!r} of checkpoint {checkpoint_id} was made by another token; removing it needs write access"
-                )
+        current = self._body(key)
+        if not may_unpin_others and current is not None and current.get("owner") != owner:
+            raise PermissionDeniedError(
+                f"pin {holder!r} of checkpoint {checkpoint_id} was made by another token; removing it needs write access"
+            )
+        if current is None:
+            return checkpoint_id, False
         self.context.store.delete(key)
+        return checkpoint_id, True
+
+    def held_by(self, job: str, holder: str) -> list[int]:
+        """The checkpoints of ``job`` that ``holder`` pins (expired pins included), sorted."""
+        job, holder = self.context.job(job), self.context.name(holder, "pin holder")
+        found = []
+        for info in self.context.store.list(pin_prefix(job)):
+            parsed = parse_job_key(info.key)
+            if parsed is not None and parsed.kind == "pin" and info.key == pin_key(job, parsed.pin_checkpoint, holder):
+                found.append(parsed.pin_checkpoint)
+        return sorted(found)
 
     def live(self, infos: list[ObjectInfo], now_ms: int) -> tuple[set[int], list[str]]:
         """(checkpoint ids held by unexpired pins, keys of expired pins) among listed pin objects."""

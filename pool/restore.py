@@ -44,7 +44,9 @@ class Restorer:
             assert job is not None  # exactly one source, checked above
             _, manifest, folder = self.context.open_checkpoint(job, checkpoint_id, src_store)
         if next(iter(self.context.store.list(job_prefix(new_job))), None) is not None:
-            raise ConflictError(f"job {new_job} already exists in {self.context.store.uri}; restore only creates new jobs")
+            raise ConflictError(
+                f"job {new_job} already exists in {self.context.store.uri}; restore only creates new jobs: give a new job name"
+            )
         # the writers table is the new job's claim: of two concurrent restores into one name, one writes nothing. Its epochs
         # start at the clock, as a new job's do, so no process of an earlier job of this name holds one of them.
         epoch = first_epoch(self.context.clock)

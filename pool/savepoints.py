@@ -47,7 +47,7 @@ class Savepoints:
         name = self.context.savepoint_name(job_savepoint_name(self.context.job(job), own) if under_job else own)
         target = target_store or self.context.store
         if target.exists(savepoint_manifest_key(name)):
-            raise ConflictError(f"savepoint {name!r} already exists")
+            raise ConflictError(f"savepoint {name!r} already exists in {target.uri}; choose another name (savepoints are never replaced)")
         reader, manifest, _ = self.context.open_checkpoint(job, checkpoint_id)
         table = reader.read_manifest_table(manifest)
         encoded = encode_datafile(table, changelog=False, target_segment_bytes=fold_segment_target(table, NUM_KEY_GROUPS))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import json
 import logging
 import re
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,18 +24,21 @@ from pool.auth import OPEN_METHODS, AuthInterceptor, TlsConfig, TokenTable
 from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.errors import store_redactor
+from pool.http_serving import bind_problem
 from pool.interceptor import StatusInterceptor
 from pool.lifecycle import LifecycleConfig
 from pool.metrics import PoolMetrics
 from pool.servicer import SERVICE_NAME, RemotePoolServicer, add_to_server
 from snapshot.errors import (
     ClinkError,
+    ConflictError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
     UnauthenticatedError,
     UnavailableError,
 )
+from store.layout import STORE_MARKER, STORE_MARKER_FORMAT, holds_a_store
 from store.objects import ObjectStore, StoreConfig, open_store
 from store.retry import RetryingStore, StoreRetryConfig
 
@@ -97,6 +102,14 @@ def parse_listen(address: str) -> tuple[str, int]:
     """(host, port) of a HOST:PORT address (an IPv6 host in brackets, port 0..65535, 0: a free one); InvalidArgumentError naming it."""
     m = _HOST_PORT.match(address or "")
     if m is None:
+        scheme, sep, rest = (address or "").partition("://")
+        if sep and scheme:
+            bare = rest.split("/", 1)[0] or "127.0.0.1:7420"
+            raise InvalidArgumentError(f"{address!r}: a listen address takes no scheme ({scheme}://); write HOST:PORT, e.g. {bare}")
+        if address and address.isdigit():
+            raise InvalidArgumentError(
+                f"{address!r} is a port alone; give HOST:PORT, e.g. 127.0.0.1:{address} (0.0.0.0:{address} for every interface)"
+            )
         if address and address.count(":") > 1 and not address.startswith("["):
             raise InvalidArgumentError(f"{address!r}: an IPv6 address goes in brackets, e.g. [::1]:7420")
         if address and ":" not in address:
@@ -117,11 +130,40 @@ def parse_listen(address: str) -> tuple[str, int]:
     return host, port
 
 
-# what a failed bind means, said for people
-_BIND_PROBLEMS = {
-    errno.EADDRNOTAVAIL: "address not available on this machine",
-    errno.EACCES: "permission denied (ports below 1024 need privileges)",
-}
+# the addresses a host binds to that take every other one's connections too
+_WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+def _bound_addresses(host: str) -> frozenset[str]:
+    """The addresses a listener on ``host`` binds (a name resolved; the name itself when it does not resolve)."""
+    try:
+        infos = socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return frozenset({host.lower()})
+    return frozenset(str(info[4][0]) for info in infos)
+
+
+def port_clashes(config: PoolServerConfig) -> list[tuple[str, str, int]]:
+    """Pairs of the server's ports (``listen``, ``metrics_port``, ``http_port``) given one port on overlapping hosts: (a, b, port).
+
+    Port 0 (a free one each) never clashes; hosts overlap when they share an address or either is a wildcard.
+    """
+    host, port = parse_listen(config.listen)
+    ports = [
+        ("listen", host, port),
+        ("metrics_port", config.metrics_host, config.metrics_port),
+        ("http_port", config.http_host, config.http_port),
+    ]
+    given = [(name, h, p) for name, h, p in ports if p]
+    clashes = []
+    for i, (a, a_host, a_port) in enumerate(given):
+        for b, b_host, b_port in given[i + 1 :]:
+            if a_port != b_port:
+                continue  # hosts are resolved only for ports given twice
+            a_hosts, b_hosts = _bound_addresses(a_host), _bound_addresses(b_host)
+            if a_hosts & _WILDCARDS or b_hosts & _WILDCARDS or a_hosts & b_hosts:
+                clashes.append((a, b, a_port))
+    return clashes
 
 
 def address_problem(host: str, port: int) -> str | None:
@@ -141,25 +183,49 @@ def address_problem(host: str, port: int) -> str | None:
                 probe.bind(sockaddr)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    return "address already in use (is another pool serving there?)"
-                problems.append(_BIND_PROBLEMS.get(exc.errno or 0, exc.strerror or str(exc)))
+                    return bind_problem(exc)
+                problems.append(bind_problem(exc))
     # grpc serves on the addresses it can bind: only when none binds is the address unusable
     return problems[0] if len(problems) == len(infos) else None
 
 
 def probe_store(store: ObjectStore) -> None:
-    """List the store's top level once; UnavailableError naming the bucket, the endpoint or the credentials when it fails.
+    """List the store's top level once; UnavailableError naming the bucket or the endpoint when it fails.
 
-    A missing bucket, refused credentials or an unreadable directory stop the server before it says it serves.
+    A missing bucket, refused credentials or an unreadable directory stop the server before it says it serves; a
+    credentials problem stays UnauthenticatedError / PermissionDeniedError (exit 6, as in every command).
     """
     inner = store.inner if isinstance(store, RetryingStore) else store  # one attempt: a retried listing reads every page
     create = getattr(inner, "create", None)
     if callable(create):  # a local store is made by the pool that serves it, so `clink-pool ls` finds it at once
         create()  # its UnavailableError names the directory
     try:
-        inner.list_prefixes("")
+        inner.probe()  # S3: one attempt with StoreConfig.probe_timeout_s, so a silent endpoint stops serve in seconds
+    except (UnauthenticatedError, PermissionDeniedError):
+        raise  # exit 6 as in every other command, its message naming the store, the endpoint and where credentials come from
     except (ClinkError, OSError) as exc:
         raise UnavailableError(_store_problem(inner, exc)) from exc
+    mark_store(inner)
+
+
+def mark_store(store: ObjectStore) -> None:
+    """Write the store marker (store.layout.STORE_MARKER) into a store that holds nothing of a store yet.
+
+    Readers call a prefix or folder that holds no jobs/, savepoints/ or marker "no such store" (a typo); a pool that serves
+    a new store marks it, so `clink-pool ls` lists it as empty. A marker it cannot write (read-only credentials) is a warning.
+    """
+    try:
+        if holds_a_store(store):
+            return
+        body = {"format": STORE_MARKER_FORMAT, "version": 1, "created_at_ms": int(time.time() * 1000), "created_by": "clink-pool serve"}
+        store.put_if_absent(STORE_MARKER, json.dumps(body, sort_keys=True).encode())
+        log.info("marked %s as a new store (%s)", store.uri, STORE_MARKER)
+    except ConflictError:
+        pass  # another pool marked it meanwhile
+    except ClinkError as exc:
+        log.warning(
+            "could not write %s into the new store %s (%s); readers call it no such store until a job commits", STORE_MARKER, store.uri, exc
+        )
 
 
 def _store_problem(store: ObjectStore, exc: BaseException) -> str:
@@ -172,12 +238,7 @@ def _store_problem(store: ObjectStore, exc: BaseException) -> str:
     endpoint = config.endpoint_url or "AWS's default endpoint"
     if isinstance(exc, NotFoundError):
         return f"store {store.uri}: bucket {bucket} does not exist at {endpoint}; create it, or pass --create-bucket"
-    if isinstance(exc, (UnauthenticatedError, PermissionDeniedError)):
-        return (
-            f"store {store.uri} at {endpoint}: {exc}; S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-            "else boto3's default chain (AWS_PROFILE, ~/.aws/credentials, an instance role)"
-        )
-    return f"store {store.uri} at {endpoint}: {exc}"
+    return f"store {store.uri}: {exc}" if endpoint in str(exc) else f"store {store.uri} at {endpoint}: {exc}"
 
 
 def grpc_options(max_message_bytes: int, max_request_bytes: int | None = None) -> list[tuple[str, int]]:
@@ -197,7 +258,8 @@ class PoolServer:
             raise InvalidArgumentError(f"max_workers must be at least 1, got {config.max_workers}")
         if config.max_message_bytes < 1 << 20:
             raise InvalidArgumentError(f"max_message_bytes must be at least 1 MiB (chunks are ~1 MiB), got {config.max_message_bytes}")
-        parse_listen(config.listen)
+        for a, b, port in port_clashes(config):
+            raise InvalidArgumentError(f"{a} and {b} both name port {port}: give each its own port (0 picks a free one)")
         self.config = config
         # a store not handed in is opened by start() once the ports are bound: a port in use leaves no store folder behind
         self._store: ObjectStore | None = self._retrying(store) if store is not None else None
@@ -333,10 +395,7 @@ class PoolServer:
     def _bind_http(self) -> None:
         """Serve the metrics endpoint and the HTTP export (the export answers 503 until the store is checked)."""
         if self.config.metrics_port is not None:
-            try:
-                self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port, tls=self.config.tls)
-            except UnavailableError as exc:
-                raise UnavailableError(str(exc).replace("cannot serve HTTP", "cannot serve metrics")) from None
+            self.metrics.serve_http(self.config.metrics_host, self.config.metrics_port, tls=self.config.tls)
         if self.config.http_port is not None:
             from pool.http_export import start_http_export
 
@@ -355,10 +414,14 @@ class PoolServer:
         """Open the store (a local one creates its directory), create the bucket when asked, and probe it (check_store)."""
         store = self.store
         if self.config.create_bucket:
-            make = getattr(store, "create_bucket", None)
+            inner = store.inner if isinstance(store, RetryingStore) else store
+            make = getattr(inner, "create_bucket", None)
             if make is None:
                 raise InvalidArgumentError(f"create_bucket needs an s3:// store, not {store.uri}")
-            make()
+            try:
+                inner.check_exists()  # one quick attempt first: a silent endpoint is named in seconds, not after every retry
+            except NotFoundError:
+                make()
         if self.config.check_store:
             probe_store(store)
 

@@ -6,8 +6,13 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from snapshot import NUM_KEY_GROUPS
+from snapshot.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from store.objects import ObjectStore
 
 JOBS = "jobs/"
 SAVEPOINTS = "savepoints/"
@@ -17,6 +22,11 @@ DATA_SUFFIX = ".arrow"
 PARTS_DIR = "parts/"
 PINS_DIR = "pins/"
 GC_MARKER = "gc/progress.json"
+# written by a pool that serves a store holding nothing yet, so a new store reads as an empty store, not as no store
+STORE_MARKER = "clink-store.json"
+STORE_MARKER_FORMAT = "clink.store"
+# a store root holds at least one of these; a prefix or folder holding none is no store (a typo, a bucket's root)
+STORE_FOLDERS = (JOBS, SAVEPOINTS, "gc/")
 JOB_GC_MARKER = "gc-progress.json"  # jobs/<job>/gc-progress.json: the marker of a GC run scoped to one job
 
 # data files are written once under a fresh name, so repeating their put cannot overwrite anyone else's bytes
@@ -244,3 +254,19 @@ def is_gc_marker(key: str) -> bool:
         return True
     parsed = parse_job_key(key)
     return parsed is not None and parsed.kind == "gc-marker"
+
+
+def holds_a_store(store: ObjectStore) -> bool:
+    """Whether ``store`` holds a store: jobs/, savepoints/, gc/ or the marker a serving pool writes into a new one."""
+    return any(store.holds(folder) for folder in STORE_FOLDERS) or store.exists(STORE_MARKER)
+
+
+def require_store(store: ObjectStore) -> None:
+    """NotFoundError "no such store: ..." when ``store`` holds no store (a mistyped prefix or folder), naming what is there."""
+    if holds_a_store(store):
+        return
+    if store.holds(""):
+        what = f"it holds objects, but no {JOBS}, {SAVEPOINTS} or {STORE_MARKER}; is the path or prefix right?"
+    else:
+        what = "nothing under it; is the path or prefix right? `clink-pool serve --store` makes a new one"
+    raise NotFoundError(f"no such store: {store.uri} ({what})")

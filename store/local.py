@@ -263,6 +263,24 @@ class FileStore(ObjectStore):
         names = [e.name for e in entries if e.is_dir() and not (not prefix and e.name.startswith(".clink-"))]
         return sorted(n for n in names if _holds_a_file(base / n))
 
+    def holds(self, prefix: str = "") -> bool:
+        """Whether any object lies under the folder ``prefix`` ('' or ending in '/'): a directory scan stopping at the first file."""
+        validate_prefix(prefix)
+        if prefix and not prefix.endswith("/"):
+            return super().holds(prefix)
+        base = self.root / prefix if prefix else self.root
+        self.counters.count("list")
+        try:
+            entries = list(os.scandir(base))
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        for entry in entries:
+            if not prefix and entry.name.startswith(".clink-"):  # the store's own temp folder and lock file hold no object
+                continue
+            if entry.is_file() or (entry.is_dir() and _holds_a_file(Path(entry.path))):
+                return True
+        return False
+
     def delete(self, key: str) -> None:
         """Remove the object; a missing key is fine."""
         path = self._inside(key, self._path(key))

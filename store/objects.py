@@ -38,6 +38,15 @@ class StoreConfig:
     connect_timeout_s: float = 5
     read_timeout_s: float = 30
     coalesce_gap_bytes: int = DEFAULT_COALESCE_GAP
+    # the first look at a store (check_exists, probe): one attempt, this long to connect and to answer, so an endpoint
+    # that accepts connections and never answers is reported in seconds, not after every retry's read timeout
+    probe_timeout_s: float = 5
+
+    def __post_init__(self) -> None:
+        if self.endpoint_url is not None:  # boto3 would fail later with a bare ValueError, or connect somewhere odd
+            from store.uris import parse_endpoint_url
+
+            parse_endpoint_url(self.endpoint_url)
 
 
 @dataclass
@@ -188,6 +197,10 @@ class ObjectStore(ABC):
                 out[i] = bytes(view[start - span_start : start - span_start + length])
         return out
 
+    def holds(self, prefix: str = "") -> bool:
+        """Whether any object's key starts with ``prefix`` ('' or ending in '/': a folder holds an object); stops at the first."""
+        return next(iter(self.list(prefix)), None) is not None
+
     def exists(self, key: str) -> bool:
         """Whether an object has this key."""
         from snapshot.errors import NotFoundError
@@ -200,6 +213,10 @@ class ObjectStore(ABC):
 
     def check_exists(self) -> None:  # noqa: B027 - a store with nothing to check (memory, views) keeps this no-op
         """NotFoundError "no such store: ..." when the store itself (a directory, a bucket) is missing; a no-op here."""
+
+    def probe(self) -> None:
+        """Read the store's top level once, as cheaply as it allows (a server's startup check); the store's error otherwise."""
+        self.list_prefixes("")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"

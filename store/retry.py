@@ -115,6 +115,14 @@ class RetryingStore(ObjectStore):
         """The wrapped store's existence check, retried."""
         self._retry("check the store exists", self.inner.check_exists)
 
+    def holds(self, prefix: str = "") -> bool:
+        """Whether any object's key starts with ``prefix``, retried (the wrapped store's own cheap check)."""
+        return self._retry(f"list {prefix}", lambda: self.inner.holds(prefix))
+
+    def probe(self) -> None:
+        """The wrapped store's startup check, one attempt (a check that retries would hide a silent endpoint for minutes)."""
+        self.inner.probe()
+
     def delete(self, key: str) -> None:
         """Delete, retried (deleting a missing key is not an error)."""
         self._retry(f"delete {key}", lambda: self.inner.delete(key))

@@ -33,12 +33,18 @@ ERROR_BY_S3_CODE: dict[str, type[ClinkError]] = {
     ),
 }
 
+# Said with every credentials problem, by every command (serve, ls, state-cat, ...): where boto3 looks for them
+CREDENTIALS_HINT = (
+    "S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+    "else boto3's default chain (AWS_PROFILE, ~/.aws/credentials, an instance role)"
+)
+
 # What each domain error says, given the S3 code's message
 _MESSAGE_BY_ERROR: dict[type[ClinkError], str] = {
     NotFoundError: "object {what} not found in {uri}",
     ConflictError: "conditional write of {what} in {uri} lost: {message}",
-    UnauthenticatedError: "{uri} rejected the credentials ({what}): {message}",
-    PermissionDeniedError: "access to {what} in {uri} denied: {message}",
+    UnauthenticatedError: "{uri} at {endpoint} rejected the credentials ({what}): {message}; " + CREDENTIALS_HINT,
+    PermissionDeniedError: "access to {what} in {uri} at {endpoint} denied: {message}; " + CREDENTIALS_HINT,
     UnavailableError: "{uri} unavailable ({what}): {code} {message}",
 }
 
@@ -88,22 +94,50 @@ class S3Store(ObjectStore):
                 max_pool_connections=32,
             ),
         )
+        # the first look (check_exists, probe): one attempt, short timeouts, so a silent endpoint is named in seconds
+        self._probe_timeout_s = min(config.probe_timeout_s, config.connect_timeout_s + config.read_timeout_s)
+        self._probe_client = session.client(
+            "s3",
+            endpoint_url=config.endpoint_url,
+            config=Config(
+                retries={"total_max_attempts": 1, "mode": "standard"},  # max_attempts would count the retries only
+                connect_timeout=min(config.connect_timeout_s, self._probe_timeout_s),
+                read_timeout=self._probe_timeout_s,
+                s3={"addressing_style": "path"} if config.endpoint_url else {},
+                max_pool_connections=1,
+            ),
+        )
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint this store talks to, for messages: the configured URL or AWS's default."""
+        return self.config.endpoint_url or "AWS's default endpoint"
 
     def check_exists(self) -> None:
-        """NotFoundError "no such bucket" when the bucket is missing (a prefix with no objects is an empty store)."""
+        """NotFoundError "no such bucket" when the bucket is missing (a prefix with no objects is an empty store).
+
+        One attempt with the probe timeout (StoreConfig.probe_timeout_s): an endpoint that never answers is UnavailableError
+        naming it within seconds.
+        """
         try:
-            with self._errors(f"bucket {self.bucket}"):
-                self._client.head_bucket(Bucket=self.bucket)
+            with self._errors(f"bucket {self.bucket}", self._probe_timeout_s):
+                self._probe_client.head_bucket(Bucket=self.bucket)
         except NotFoundError:
             where = self.config.endpoint_url or "AWS"
             raise NotFoundError(f"no such bucket: {self.bucket} (store {self.uri} at {where})") from None
         self.counters.count("head")
 
+    def probe(self) -> None:
+        """List one key under the store's prefix (credentials, bucket and endpoint checked), one attempt, probe timeout."""
+        with self._errors(f"list {self.prefix or '/'}", self._probe_timeout_s):
+            self._probe_client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+        self.counters.count("list")
+
     def _full(self, key: str) -> str:
         return self.prefix + validate_key(key)
 
     @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
+    def _errors(self, what: str, timeout_s: float | None = None) -> Iterator[None]:
         try:
             yield
         except bex.ClientError as exc:
@@ -116,11 +150,19 @@ class S3Store(ObjectStore):
             if code == "NoSuchBucket":
                 raise NotFoundError(f"no such bucket: {self.bucket} ({what} in {self.uri})") from exc
             error = error_for_s3_code(code, status)
-            raise error(_MESSAGE_BY_ERROR[error].format(what=what, uri=self.uri, code=code, message=message)) from exc
-        except (bex.EndpointConnectionError, bex.ConnectionError, bex.ReadTimeoutError, bex.ConnectTimeoutError) as exc:
-            raise UnavailableError(f"{self.uri} unreachable ({what}): {exc}") from exc
+            text = _MESSAGE_BY_ERROR[error].format(what=what, uri=self.uri, endpoint=self.endpoint, code=code, message=message)
+            raise error(text) from exc
+        except (bex.ReadTimeoutError, bex.ConnectTimeoutError) as exc:
+            waited = timeout_s if timeout_s is not None else self.config.read_timeout_s
+            verb = "did not accept a connection" if isinstance(exc, bex.ConnectTimeoutError) else "did not answer"
+            raise UnavailableError(
+                f"S3 endpoint {self.endpoint} {verb} within {waited:g} s ({what} in {self.uri}); "
+                "is it the right URL (--s3-endpoint-url), and an S3 service that is up?"
+            ) from exc
+        except (bex.EndpointConnectionError, bex.ConnectionError) as exc:
+            raise UnavailableError(f"cannot reach S3 endpoint {self.endpoint} ({what} in {self.uri}): {exc}") from exc
         except bex.NoCredentialsError:
-            raise UnauthenticatedError(f"no credentials found for {self.uri}") from None
+            raise UnauthenticatedError(f"no credentials found for {self.uri} at {self.endpoint}; {CREDENTIALS_HINT}") from None
         except bex.BotoCoreError as exc:
             raise UnavailableError(f"{self.uri} failed on {what}: {exc}") from exc
 
@@ -248,6 +290,14 @@ class S3Store(ObjectStore):
                 if self._client.list_objects_v2(Bucket=self.bucket, Prefix=full, MaxKeys=1).get("KeyCount", 0):
                     held.append(full[len(self.prefix) + len(prefix) :].rstrip("/"))
         return sorted(held)
+
+    def holds(self, prefix: str = "") -> bool:
+        """Whether any object's key starts with ``prefix``: one listing of at most one key."""
+        validate_prefix(prefix)
+        with self._errors(f"list {prefix!r}"):
+            found = self._client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + prefix, MaxKeys=1).get("KeyCount", 0)
+        self.counters.count("list")
+        return bool(found)
 
     def delete(self, key: str) -> None:
         """DELETE; a missing key is fine."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from snapshot.errors import InvalidArgumentError
 
@@ -115,3 +115,28 @@ def _parse_s3(spec: str, rest: str, what: str) -> StoreLocation:
         except InvalidArgumentError as exc:
             raise InvalidArgumentError(f"{what} {spec!r}: prefix {prefix!r} is not a valid key ({exc})") from None
     return StoreLocation("s3", spec, bucket=bucket, prefix=prefix)
+
+
+def parse_endpoint_url(url: str, what: str = "S3 endpoint") -> str:
+    """``url`` if it is an S3 endpoint boto3 can use (http:// or https://, a host, a port in range); InvalidArgumentError
+    saying what to write otherwise (``127.0.0.1:5055`` has no scheme: write http://127.0.0.1:5055).
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidArgumentError(f"{what} is empty; write http://HOST:PORT (https:// for TLS)")
+    if url != url.strip() or any(ch.isspace() or ord(ch) < 0x20 for ch in url):
+        raise InvalidArgumentError(f"{what} {url!r} contains white space or a control character; write http://HOST:PORT")
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        bare = url.split("/", 1)[0] if url.split("/", 1)[0] else "HOST:PORT"
+        raise InvalidArgumentError(f"{what} {url!r} has no scheme; write http://{bare} (https:// for TLS)")
+    if scheme.lower() not in ("http", "https"):
+        hint = ": the bucket goes in the store URI (s3://BUCKET/PREFIX)" if scheme.lower() == "s3" else ""
+        raise InvalidArgumentError(f"{what} {url!r} is not an http:// or https:// URL{hint}; write http://HOST:PORT")
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise InvalidArgumentError(f"{what} {url!r} names no host; write http://HOST:PORT")
+    try:
+        parts.port  # noqa: B018 - urllib checks the port when it is read
+    except ValueError:
+        raise InvalidArgumentError(f"{what} {url!r} has a port that is not a number in 0..65535; write http://HOST:PORT") from None
+    return url

@@ -36,7 +36,7 @@ EXIT_OK = 0
 EXIT_NEGATIVE = 1  # the command ran and the answer is "no": states differ, a check failed
 EXIT_USAGE = 2  # a bad flag or argument (click's own code for usage errors)
 EXIT_NOT_FOUND = 3
-EXIT_CONFLICT = 4  # a concurrent writer won (compare-and-swap lost, fenced): re-read and decide
+EXIT_CONFLICT = 4  # a conflict: the name exists already (pick another), or a concurrent writer won (re-read and decide)
 EXIT_DATA = 5  # stored or received data is damaged or in a format this build does not read
 EXIT_DENIED = 6  # no valid credentials, or not allowed
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the store, the pool or the address is unusable now; retrying may help
@@ -70,7 +70,7 @@ EXIT_MEANINGS: tuple[tuple[int, str], ...] = (
     (EXIT_NEGATIVE, "a negative answer (states differ, a check failed)"),
     (EXIT_USAGE, "bad usage or argument"),
     (EXIT_NOT_FOUND, "not found"),
-    (EXIT_CONFLICT, "a concurrent change won"),
+    (EXIT_CONFLICT, "a conflict: it exists already, or a concurrent change won"),
     (EXIT_DATA, "damaged data"),
     (EXIT_DENIED, "denied"),
     (EXIT_UNAVAILABLE, "store or pool unavailable (retry)"),
@@ -211,10 +211,27 @@ def apply(decorators: Sequence[Callable[[Callable], Callable]]) -> Callable[[Cal
     return decorate
 
 
+class EndpointUrl(click.ParamType):
+    """A click type for an S3 endpoint: http:// or https://, a host, a port (store.uris.parse_endpoint_url); '' means none."""
+
+    name = "url"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | None:  # noqa: D102
+        if value is None or value == "":
+            return None
+        from store.uris import parse_endpoint_url
+
+        try:
+            return parse_endpoint_url(value, what="")
+        except InvalidArgumentError as exc:
+            self.fail(str(exc).strip(), param, ctx)
+
+
 S3_OPTIONS = (
     shared_option(
         "--s3-endpoint-url",
         envvar=list(ENV_S3_ENDPOINT),
+        type=EndpointUrl(),
         metavar="URL",
         help="S3 endpoint for s3:// stores (MinIO, SeaweedFS, moto). Env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL. Default: AWS.",
     ),

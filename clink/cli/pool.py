@@ -54,12 +54,17 @@ def store_uri_of(ctx: click.Context, default: str | None = None) -> str:
 def open_store_of(ctx: click.Context, uri: str | None = None, must_exist: bool = True):
     """The object store at ``uri`` (default: --store) with the S3 options given wherever.
 
-    ``must_exist`` (every command but a restore or savepoint into a new store): "no such store", exit 3, for a missing one.
+    ``must_exist`` (every command but a restore or savepoint into a new store): "no such store", exit 3, for a missing
+    one, and for a folder or prefix that holds no store (no jobs/, savepoints/ or the marker a serving pool writes).
     """
+    from store.layout import require_store
     from store.objects import open_store
 
     config = store_config(shared_value(ctx, "s3_endpoint_url"), shared_value(ctx, "s3_region"))
-    return open_store(uri or store_uri_of(ctx), config, must_exist=must_exist)
+    store = open_store(uri or store_uri_of(ctx), config, must_exist=must_exist)
+    if must_exist:
+        require_store(store)
+    return store
 
 
 class _JsonFormatter(logging.Formatter):
@@ -302,8 +307,8 @@ def serve(
 ) -> None:
     """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
 
-    It binds its ports, then lists the store once: a port in use, a missing bucket, refused credentials or
-    an unreadable directory stop it with one line and exit 69. Once listening it prints one ready line on
+    It binds its ports, then lists the store once: a port in use, a missing bucket or an unreadable directory
+    stop it with one line and exit 69; missing or refused S3 credentials exit 6, as in every command. Once listening it prints one ready line on
     stdout naming the bound address
     (with --output json: {"event": "serving", "address": ..., "port": ..., "metrics_port": ...}).
     S3 credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when set, otherwise from
@@ -318,7 +323,7 @@ def serve(
     setup_logging(log_level, output.format)
     # imported here so `clink-pool --help` stays fast and works without the server's dependencies loaded
     from pool.domain import PoolConfig
-    from pool.server import PoolServer, PoolServerConfig, stop_on_signals
+    from pool.server import PoolServer, PoolServerConfig, port_clashes, stop_on_signals
 
     config = PoolServerConfig(
         store_uri=store_uri,
@@ -361,6 +366,10 @@ def serve(
         max_concurrent_streams=max_concurrent_streams,
         lifecycle=lifecycle_config(gc_min_age, compact_max_layers, compact_max_delta_mb),
     )
+    for a, b, port in port_clashes(config):  # before anything binds: the second bind would blame "another process"
+        raise click.UsageError(
+            f"{_PORT_FLAGS[b]} {port} is the port {_PORT_FLAGS[a]} names: give each its own port (0 picks a free one)", ctx
+        )
     server = PoolServer(config)
     server.start()
     stop_on_signals(server, grace)
@@ -381,6 +390,10 @@ def serve(
     while not server.wait(timeout=1.0):
         pass
     logging.getLogger("clink.pool").info("exiting after %.0fs", time.monotonic() - started)
+
+
+# the serve flag of each port of PoolServerConfig
+_PORT_FLAGS = {"listen": "--listen", "metrics_port": "--metrics-port", "http_port": "--http-port"}
 
 
 def url_host(host: str) -> str:

@@ -256,17 +256,21 @@ def pin_cmd(ctx: click.Context, job: str, checkpoint: int, holder: str, ttl: flo
 
 @click.command("unpin")
 @click.argument("job")
-@click.argument("checkpoint", type=click.IntRange(1))
+@click.argument("checkpoint", type=click.IntRange(0))
 @click.argument("holder")
 @click.pass_context
 def unpin_cmd(ctx: click.Context, job: str, checkpoint: int, holder: str) -> None:
-    """Drop HOLDER's pin on CHECKPOINT of JOB (no error if there is none)."""
-    _lifecycle(ctx).unpin(job, checkpoint, holder)
-    _emit(
-        ctx,
-        {"job": job, "checkpoint_id": checkpoint, "holder": holder, "unpinned": True},
-        f"unpinned checkpoint {checkpoint} of {job} for {holder}",
-    )
+    """Drop HOLDER's pin on CHECKPOINT of JOB (0 = latest); says so when there is none to remove (exit 0 all the same)."""
+    life = _lifecycle(ctx)
+    checkpoint, removed = life.unpin(job, checkpoint, holder, latest_for_0=True)
+    doc: dict[str, Any] = {"job": job, "checkpoint_id": checkpoint, "holder": holder, "unpinned": removed}
+    if removed:
+        text = f"unpinned checkpoint {checkpoint} of {job} for {holder}"
+    else:
+        doc["pinned_checkpoints"] = held = life.pins_held_by(job, holder)
+        where = f" ({holder} pins checkpoint {', '.join(map(str, held))})" if held else f" ({holder} pins no checkpoint of {job})"
+        text = f"no pin of checkpoint {checkpoint} of {job} held by {holder} to remove{where}"
+    _emit(ctx, doc, text)
 
 
 @click.command("ls")

@@ -8,7 +8,7 @@ from clink.tools.sources import Selection, SourceConfig, SourceRef, StateSource,
 from snapshot import ClinkError, CorruptDataError, NotFoundError, StateVersionMap, UnsupportedFormatVersionError
 from snapshot.errors import ChecksumMismatchError, CorruptSnapshotError, prefixed
 from snapshot.format import FORMAT_VERSION
-from store.layout import SAVEPOINT_MANIFEST, savepoint_manifest_key, savepoint_prefix
+from store.layout import SAVEPOINT_MANIFEST, require_store, savepoint_manifest_key, savepoint_prefix
 from store.objects import ObjectStore
 from store.views import SavepointView
 
@@ -33,11 +33,15 @@ def read_stored(ref: SourceRef, store, selection: Selection) -> StateSource:
     """A checkpoint's or savepoint's canonical table (selection pushed down to the segment reads), operators and state versions."""
     from store.checkpoint import CheckpointReader
 
+    root = store
     try:
         store, job, checkpoint_id = _open(ref, store)
         reader = CheckpointReader(store, job)
         manifest = reader.manifest(checkpoint_id)
         table = reader.read_manifest_table(manifest, selection.key_groups, list(selection.op_ids) or None)
+    except NotFoundError as exc:
+        require_store(root)  # a mistyped prefix or folder is "no such store", not "checkpoint not found"
+        raise _named(exc, ref) from exc
     except ClinkError as exc:
         raise _named(exc, ref) from exc
     table = apply_selection(table, Selection(None, selection.op_ids))  # the reader already clipped the key groups
@@ -73,7 +77,7 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
     from store.datafile import ENCODING_FILE, ENCODING_STREAMS, decode_segment, verify_file, verify_segment
     from store.layout import job_file_key, metadata_key
 
-    store = open_source_store(ref, config)
+    store = root = open_source_store(ref, config)
     try:
         store, job, checkpoint_id = _open(ref, store)
         manifest_key = metadata_key(job, checkpoint_id)
@@ -81,6 +85,9 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
             raise NotFoundError(f"{ref.what()} not found (no _metadata at {store.uri}/{manifest_key})")
         reader = CheckpointReader(store, job)
         manifest = reader.manifest(checkpoint_id)
+    except NotFoundError:
+        require_store(root)  # a mistyped prefix or folder is "no such store", not "checkpoint not found"
+        raise
     except CorruptDataError as exc:
         report.add("manifest", FAIL, str(exc), "_metadata")
         return

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import clink.cli.pool
 import pool.server
-from clink.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE
+from clink.cli.common import EXIT_DENIED, EXIT_UNAVAILABLE, EXIT_USAGE
 from pool.server import parse_listen
 from snapshot.errors import InvalidArgumentError, NotFoundError
 from store.objects import StoreConfig
@@ -248,7 +248,7 @@ def test_missing_credentials_stop_serve_naming_the_credential_variables(moto_end
     store = make_s3_store()  # the bucket exists: only the credentials are missing
     args = serve_args(store.uri, "--listen", "127.0.0.1:0", "--s3-endpoint-url", moto_endpoint, "--s3-region", "us-east-1")
     code, out, err = run_serve(args, tmp_path, _no_credentials_env(tmp_path))
-    assert code == EXIT_UNAVAILABLE, (code, out, err)
+    assert code == EXIT_DENIED, (code, out, err)  # as every other command says it (review 13, finding 5)
     line = the_error_line(err)
     assert "no credentials" in line and "AWS_ACCESS_KEY_ID" in line and "AWS_SECRET_ACCESS_KEY" in line and moto_endpoint in line
     assert "UNAUTHENTICATED" not in line and "token" not in line.lower()
