@@ -111,7 +111,7 @@ def _current_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
 
 
 def _lane(method: str, open_methods: frozenset[str]) -> str:
-    if method in open_methods:
+    if method.startswith(HEALTH_PREFIX) or method in open_methods:
         return OPEN_LANE
     return REFLECTION_LANE if method.startswith(REFLECTION_PREFIX) else WORK_LANE
 
@@ -146,7 +146,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
             return None
         full = handler_call_details.method
         method = full.rsplit("/", 1)[-1]
-        lane = OPEN_LANE if full.startswith(HEALTH_PREFIX) or full in self.open_methods else _lane(full, self.open_methods)
+        lane = _lane(full, self.open_methods)
         if lane == OPEN_LANE:
             if full == HEALTH_WATCH and self.admission is not None and handler.unary_stream is not None:
                 try:

@@ -120,8 +120,9 @@ class PoolMetrics:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                body = generate_latest(registry) if self.path.split("?", 1)[0] in ("/", "/metrics") else b"not found\n"
-                self.send_response(200 if body != b"not found\n" else 404)
+                found = self.path.split("?", 1)[0] in ("/", "/metrics")
+                body = generate_latest(registry) if found else b"not found\n"
+                self.send_response(200 if found else 404)
                 self.send_header("Content-Type", CONTENT_TYPE_LATEST)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
