@@ -82,4 +82,14 @@ class JobDescriber:
                 checkpoints.append({"checkpoint_id": cid, "complete": False, "staged_ranges": staged})
         pins = self.pins.summaries(layout.pins, self.context.now_ms())
         data_bytes = sum(o.size for o in layout.data)
-        return {"job": job, "checkpoints": checkpoints, "pins": pins, "data_files": len(layout.data), "data_bytes": data_bytes}
+        # a job whose workers connected but never checkpointed holds only its writers table: say who, not "empty"
+        table, _ = self.context.fencing.read(job)
+        writers = [{"kg_lo": w.kg_lo, "kg_hi": w.kg_hi, "epoch": w.epoch} for w in sorted(table.writers, key=lambda w: w.kg_lo)]
+        return {
+            "job": job,
+            "checkpoints": checkpoints,
+            "pins": pins,
+            "writers": writers,
+            "data_files": len(layout.data),
+            "data_bytes": data_bytes,
+        }

@@ -306,6 +306,12 @@ def ls_cmd(ctx: click.Context, job: str | None) -> None:
         lines.append(
             f"pin: checkpoint {p['checkpoint_id']} held by {p['holder']} until {p['expires_at']}{' (expired)' if p['expired'] else ''}"
         )
+    if not doc["checkpoints"]:
+        ranges = ", ".join(f"{w['kg_lo']}-{w['kg_hi']} (epoch {w['epoch']})" for w in doc["writers"]) or "none"
+        lines = [
+            f"{job}: no checkpoint yet. Workers connected as writers of key groups {ranges}; "
+            "the job holds state once they complete a checkpoint."
+        ]
     lines.append(f"{doc['data_files']} data file(s), {_mb(doc['data_bytes'])} under jobs/{job}/data/")
     _emit(ctx, doc, "\n".join(lines))
 

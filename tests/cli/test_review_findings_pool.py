@@ -433,3 +433,27 @@ def test_4_serving_a_store_that_holds_jobs_writes_no_marker(job_store):
     store, uri = job_store
     PoolServer(PoolServerConfig(store_uri=uri, listen="127.0.0.1:0", grace_seconds=0)).start().stop(0)
     assert not store.exists(STORE_MARKER)
+
+
+# --- 11. a job whose workers connected but never checkpointed says so ------------------------------------------------
+
+
+def test_11_ls_of_a_job_with_writers_only_says_no_checkpoint_yet_and_who_connected(tmp_path: Path):
+    import json
+
+    from pool.domain import KeyGroupRange
+
+    store = FileStore(tmp_path / "pool")
+    core = PoolCore(store)
+    build_job(core, "orders", 1, random.Random(11))
+    epoch, _ = core.acquire_writer("nojob", KeyGroupRange(0, 63))  # a worker connected to a mistyped job and failed its restore
+    uri = (tmp_path / "pool").as_uri()
+    listed = json.loads(run_pool("ls", "--store", uri, "-o", "json").stdout)
+    assert listed["jobs"] == ["nojob", "orders"]
+    result = run_pool("ls", "--store", uri, "nojob")
+    assert result.exit_code == 0, result.output
+    assert "nojob: no checkpoint yet" in result.stdout and f"0-63 (epoch {epoch})" in result.stdout
+    doc = json.loads(run_pool("ls", "--store", uri, "nojob", "-o", "json").stdout)
+    assert doc["checkpoints"] == [] and doc["writers"] == [{"kg_lo": 0, "kg_hi": 63, "epoch": epoch}]
+    # a job with checkpoints keeps its table: the writers line is only for a job that holds no state yet
+    assert "no checkpoint yet" not in run_pool("ls", "--store", uri, "orders").stdout
