@@ -334,7 +334,7 @@ class RemoteReadBackend:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise InvalidArgumentError(f"backend for job {self.job!r} key groups {self.key_groups[0]}-{self.key_groups[1]} is closed")
+            raise InvalidArgumentError(f"backend for job {self.job} key groups {self.key_groups[0]}-{self.key_groups[1]} is closed")
 
     def _check_key(self, key: bytes) -> None:
         try:
@@ -627,7 +627,7 @@ class RemoteReadBackend:
             complete = [c for c in self._pool.list_checkpoints(self.job) if c.complete and not c.abandoned]
             if not complete:
                 if required:
-                    raise NotFoundError(f"job {self.job!r} has no complete checkpoint to restore from")
+                    raise NotFoundError(f"job {self.job} has no complete checkpoint to restore from")
                 self.start_fresh(new_range)
                 return None
             info = max(complete, key=lambda c: c.checkpoint_id)
@@ -637,7 +637,7 @@ class RemoteReadBackend:
         if not info.complete:
             ranges = ", ".join(f"{lo}-{hi}" for lo, hi in info.committed_ranges) or "none"
             raise InvalidArgumentError(
-                f"checkpoint {checkpoint_id} of job {self.job!r} is incomplete (committed key groups: {ranges}); restore from a complete one"
+                f"checkpoint {checkpoint_id} of job {self.job} is incomplete (committed key groups: {ranges}); restore from a complete one"
             )
         if expected_operators:
             missing = {}

@@ -348,7 +348,7 @@ class PoolClient:
         if restore_from is not None:
             req.restore_from = restore_from
         resp = self._call(
-            f"acquire writer for job {job!r} key groups {key_groups[0]}-{key_groups[1]}",
+            f"acquire writer for job {job} key groups {key_groups[0]}-{key_groups[1]}",
             lambda: self._stub.AcquireWriter(req, timeout=self._deadline(), metadata=self._metadata),
         )
         return WriterLease(job, (int(key_groups[0]), int(key_groups[1])), resp.epoch, resp.latest_checkpoint_id)
@@ -389,7 +389,7 @@ class PoolClient:
             for start in range(0, len(view), step):
                 yield pb.CommitChunk(delta=bytes(view[start : start + step]))
 
-        what = f"commit checkpoint {checkpoint_id} of job {job!r} key groups {key_groups[0]}-{key_groups[1]}"
+        what = f"commit checkpoint {checkpoint_id} of job {job} key groups {key_groups[0]}-{key_groups[1]}"
         attempt = 0
         while True:
             self.calls += 1
@@ -437,7 +437,7 @@ class PoolClient:
     ) -> tuple[list[bytes | None], str]:
         req = pb.MultiGetRequest(job=job, checkpoint_id=checkpoint_id, op_ids=op_ids, keys=list(keys), manifest_etag=manifest_etag)
         resp = self._call(
-            f"multi-get of {len(keys)} key(s) from job {job!r} checkpoint {checkpoint_id}",
+            f"multi-get of {len(keys)} key(s) from job {job} checkpoint {checkpoint_id}",
             lambda: self._stub.MultiGet(req, timeout=self._deadline(), metadata=self._metadata),
         )
         if len(resp.found) != len(keys) or len(resp.values) not in (len(keys), 0):
@@ -464,7 +464,7 @@ class PoolClient:
             stream = self._stub.ScanCheckpoint(req, timeout=self.config.scan_deadline_s, metadata=self._metadata)
             return b"".join(chunk.data for chunk in stream)
 
-        return self._call(f"scan of job {job!r} checkpoint {checkpoint_id}", run)
+        return self._call(f"scan of job {job} checkpoint {checkpoint_id}", run)
 
     def list_jobs(self) -> list[str]:
         """Every job the pool holds."""
@@ -476,7 +476,7 @@ class PoolClient:
         job = validate_job(job)
         req = pb.ListCheckpointsRequest(job=job, include_incomplete=include_incomplete)
         resp = self._call(
-            f"list checkpoints of job {job!r}", lambda: self._stub.ListCheckpoints(req, timeout=self._deadline(), metadata=self._metadata)
+            f"list checkpoints of job {job}", lambda: self._stub.ListCheckpoints(req, timeout=self._deadline(), metadata=self._metadata)
         )
         return [_info(c) for c in resp.checkpoints]
 
@@ -485,7 +485,7 @@ class PoolClient:
         job = validate_job(job)
         req = pb.DescribeCheckpointRequest(job=job, checkpoint_id=checkpoint_id)
         resp = self._call(
-            f"describe checkpoint {checkpoint_id} of job {job!r}",
+            f"describe checkpoint {checkpoint_id} of job {job}",
             lambda: self._stub.DescribeCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
         )
         return _info(resp.checkpoint), resp.manifest_json
@@ -495,7 +495,7 @@ class PoolClient:
         job = validate_job(job)
         req = pb.DeleteCheckpointRequest(job=job, checkpoint_id=checkpoint_id)
         self._call(
-            f"delete checkpoint {checkpoint_id} of job {job!r}",
+            f"delete checkpoint {checkpoint_id} of job {job}",
             lambda: self._stub.DeleteCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
         )
 
@@ -510,7 +510,7 @@ class PoolClient:
         job = validate_job(job)
         name = validate_job(name, what="savepoint name")
         req = pb.SavepointRequest(job=job, checkpoint_id=checkpoint_id, name=name)
-        what = f"savepoint {name!r} of job {job!r} checkpoint {checkpoint_id}"
+        what = f"savepoint {name!r} of job {job} checkpoint {checkpoint_id}"
         attempt = 0
         while True:
             self.calls += 1
@@ -532,7 +532,7 @@ class PoolClient:
         holder = validate_job(holder, what="pin holder")
         req = pb.PinCheckpointRequest(job=job, checkpoint_id=checkpoint_id, holder=holder, ttl_seconds=ttl_s)
         resp = self._call(
-            f"pin checkpoint {checkpoint_id} of job {job!r} for {holder!r}",
+            f"pin checkpoint {checkpoint_id} of job {job} for {holder!r}",
             lambda: self._stub.PinCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
         )
         return PinInfo(resp.checkpoint_id, resp.expires_at_ms)
@@ -543,7 +543,7 @@ class PoolClient:
         holder = validate_job(holder, what="pin holder")
         req = pb.UnpinCheckpointRequest(job=job, checkpoint_id=checkpoint_id, holder=holder)
         self._call(
-            f"unpin checkpoint {checkpoint_id} of job {job!r} for {holder!r}",
+            f"unpin checkpoint {checkpoint_id} of job {job} for {holder!r}",
             lambda: self._stub.UnpinCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
         )
 
@@ -556,7 +556,7 @@ class PoolClient:
         job = validate_job(job)
         req = pb.CompactCheckpointRequest(job=job, checkpoint_id=checkpoint_id, force=force)
         resp = self._call(
-            f"compact checkpoint {checkpoint_id} of job {job!r}",
+            f"compact checkpoint {checkpoint_id} of job {job}",
             lambda: self._stub.CompactCheckpoint(req, timeout=deadline_s or self.config.commit_deadline_s, metadata=self._metadata),
         )
         return CompactionInfo(resp.checkpoint_id, tuple((r.lo, r.hi) for r in resp.folded), resp.files_written, resp.bytes_written)
@@ -566,7 +566,7 @@ class PoolClient:
         job = validate_job(job)
         req = pb.CollectGarbageRequest(job=job, dry_run=dry_run)
         resp = self._call(
-            f"GC of job {job!r}",
+            f"GC of job {job}",
             lambda: self._stub.CollectGarbage(req, timeout=deadline_s or self.config.commit_deadline_s, metadata=self._metadata),
         )
         return GcInfo(dry_run, tuple(resp.deleted), resp.deleted_bytes, resp.listed_objects, resp.referenced, resp.too_young)

@@ -183,11 +183,11 @@ class TokenTable:
         """The grant if ``token`` may ``mode`` (read, write, or both) ``job``; UnauthenticatedError or PermissionDeniedError otherwise."""
         grant = self.grant_for(token)
         if not grant.allows_job(job):
-            raise PermissionDeniedError(f"token {grant.name} has no access to job {job!r}")
+            raise PermissionDeniedError(f"token {grant.name} has no access to job {job}")
         if mode == READ_WRITE and not {READ, WRITE} <= grant.access:
-            raise PermissionDeniedError(f"token {grant.name} may not read and write job {job!r} (it may {', '.join(sorted(grant.access))})")
+            raise PermissionDeniedError(f"token {grant.name} may not read and write job {job} (it may {', '.join(sorted(grant.access))})")
         if mode != READ_WRITE and mode not in grant.access:
-            raise PermissionDeniedError(f"token {grant.name} may not {mode} job {job!r} (it may {', '.join(sorted(grant.access))})")
+            raise PermissionDeniedError(f"token {grant.name} may not {mode} job {job} (it may {', '.join(sorted(grant.access))})")
         return grant
 
 

@@ -61,14 +61,14 @@ def describe(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
-STORE_PLACEHOLDER = "<store>"
+STORE_PLACEHOLDER = "the pool's store"
 
 
 def store_redactor(store_uri: str):
     """A function taking the store's URI (and a file store's root path) out of a message sent to a client.
 
-    The store's location (bucket, prefix, a server's directories) is the operator's; errors name keys relative to it,
-    and the server logs the full message.
+    The store's location (bucket, prefix, a server's directories) is the operator's: a key under it is named relative
+    to it ("jobs/orders/chk-3/_metadata"), the store itself as "the pool's store"; the server logs the full message.
     """
     needles = [store_uri.rstrip("/")]
     if store_uri.startswith("file://"):
@@ -77,7 +77,7 @@ def store_redactor(store_uri: str):
 
     def redact(message: str) -> str:
         for needle in needles:
-            message = message.replace(needle, STORE_PLACEHOLDER)
+            message = message.replace(needle + "/", "").replace(needle, STORE_PLACEHOLDER)
         return message
 
     return redact

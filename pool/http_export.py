@@ -30,6 +30,7 @@ from snapshot.errors import (
     UnavailableError,
     lookup_by_class,
 )
+from snapshot.format import operators_metadata
 from snapshot.state_selectors import LATEST_CHECKPOINT, parse_checkpoint, parse_key_groups, parse_op
 
 log = logging.getLogger("clink.pool.http")
@@ -189,7 +190,9 @@ class _Handler(PoolRequestHandler):
             what = f"of job {request.job} checkpoint {checkpoint_id or 'latest'}"
             # the table rather than core.scan's stream, so the log can say how many rows went out
             table, manifest = core.scan_table(request.job, checkpoint_id, request.key_groups, list(request.op_ids), None)
-            writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions))
+            # the uids travel with the rows, so a reader of the export names operators as a reader of the store does
+            names = operators_metadata(dict(manifest.operators))
+            writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions), names)
             chunks = stream_chunks(writer, table, max(1, core.config.scan_chunk_bytes))
             first = next(chunks, b"")
         except Exception as exc:  # noqa: BLE001 - every failure before the first byte becomes a status line, the server stays up

@@ -18,6 +18,8 @@ from snapshot.versions import StateVersionMap
 FORMAT_VERSION = 1
 FORMAT_VERSION_KEY = b"clink.format_version"
 STATE_VERSIONS_KEY = b"clink.state_versions"
+# op_id -> operator uid as JSON, added by exporters that know the names (an additive key: readers may ignore it)
+OPERATORS_KEY = b"clink.operators"
 
 ROW_MATERIALISATION = 0
 ROW_PUT = 1
@@ -34,6 +36,25 @@ CHANGELOG_SCHEMA = pa.schema([pa.field("row_kind", pa.uint8(), nullable=False), 
 Bytesish: TypeAlias = bytes | bytearray | memoryview | pa.Buffer
 # keys and values as bytes or str (encoded as UTF-8); one union member per key type, since a Mapping is invariant in its keys
 ExtraMetadata: TypeAlias = Mapping[bytes, bytes | str] | Mapping[str, bytes | str] | Mapping[bytes | str, bytes | str]
+
+
+def operators_metadata(operators: Mapping[int, str | None]) -> dict[bytes, bytes]:
+    """The OPERATORS_KEY entry for the named ones of ``operators`` (op_id -> uid); empty when none is named."""
+    import json
+
+    named = {str(op_id): uid for op_id, uid in sorted(operators.items()) if uid}
+    return {OPERATORS_KEY: json.dumps(named, separators=(",", ":")).encode()} if named else {}
+
+
+def operators_from_metadata(metadata: Mapping[bytes, bytes]) -> dict[int, str]:
+    """op_id -> uid from an OPERATORS_KEY entry; empty when absent or unreadable (the names are a courtesy, never needed)."""
+    import json
+
+    try:
+        named = json.loads(metadata.get(OPERATORS_KEY, b"{}"))
+        return {int(op_id): str(uid) for op_id, uid in named.items() if uid} if isinstance(named, dict) else {}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
 def empty_table(changelog: bool = False) -> pa.Table:

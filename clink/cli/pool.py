@@ -35,7 +35,7 @@ STORE_OPTION = shared_option(
     "--store",
     envvar=ENV_POOL_STORE,
     metavar="URI",
-    help=f"Where checkpoints live: a directory, file:///ABS/DIR or s3://BUCKET/PREFIX (file://HOST/... is refused). "
+    help=f"Where checkpoints live: a directory, file:///ABS/DIR or s3://BUCKET/PREFIX (a file URI names no host but localhost). "
     f"Env: {ENV_POOL_STORE}. serve's default: {DEFAULT_STORE}.",
 )
 

@@ -52,7 +52,8 @@ RENDERING_HELP = """\b
 User keys and values render as text when they are printable UTF-8: valid UTF-8 of at least one
 character that is not a space, with no control, format, line or paragraph separator, private-use
 or unassigned character (as Python's str.isprintable), whatever its length. Otherwise 8 bytes
-render as their little-endian int64, anything else as 0x-hex."""
+render as their little-endian int64, anything else as 0x-hex. state-cat and state-diff show text
+that reads as a number or as hex in double quotes ("42"), so it is not taken for an int64 key."""
 
 
 def _stdout_console():
@@ -329,8 +330,8 @@ def state_cat(ctx, src, limit, slots, width, key_groups, ops):
             "user_key": decoded.column("user_key"),
         }
     )
-    key_text, _ = render_bytes(shown.column("user_key"))
-    value_text, _ = render_bytes(shown.column("value_bytes"))
+    key_text, _ = render_bytes(shown.column("user_key"), quote_lookalikes=True)
+    value_text, _ = render_bytes(shown.column("value_bytes"), quote_lookalikes=True)
     sizes = pc.binary_length(shown.column("value_bytes"))
     if output_of(ctx).is_json:
         rows = shown.select(["op_id", "kind", "key_group", "slot"]).to_pylist()
@@ -836,7 +837,7 @@ def _new_file_beside(target: Path) -> str:
 
 
 def _export_arrow(source, dst: str, step, force: bool = False) -> int | None:
-    from clink.tools.projections import operators_metadata
+    from snapshot.format import operators_metadata
 
     # the uids the source named travel in the stream's metadata (clink.operators), as in a Parquet export
     writer = SnapshotArrowWriter(source.state_versions, {**source.extra_metadata, **operators_metadata(source.operators)})
@@ -857,7 +858,8 @@ def _export_arrow(source, dst: str, step, force: bool = False) -> int | None:
 def _export_parquet(source, dst: str, row_group_rows: int, step, query: bool = False, force: bool = False) -> int:
     import pyarrow.parquet as pq
 
-    from clink.tools.projections import operators_metadata, parquet_projection, projection_metadata, query_projection
+    from clink.tools.projections import parquet_projection, projection_metadata, query_projection
+    from snapshot.format import operators_metadata
 
     rows = source.table.num_rows
     if query:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -14,8 +14,6 @@ from snapshot.format import FORMAT_VERSION, FORMAT_VERSION_KEY, STATE_VERSIONS_K
 # rows decoded per step: bounds the temporary gather indices (8 bytes per key byte) on big tables
 DECODE_CHUNK_ROWS = 1 << 16
 PROJECTION_KEY = b"clink.projection"
-# the operators' uids where the source named them: JSON {"<op_id>": "<uid>"} (a derived file's readers show the names)
-OPERATORS_KEY = b"clink.operators"
 SEP = 0x7C  # '|'
 
 # the Parquet projection; key_group is null for operator-state and legacy raw rows (they have no key group)
@@ -283,10 +281,16 @@ def printable_mask(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.asarray(pc.and_(printable, visible).to_numpy(zero_copy_only=False), dtype=bool) & valid
 
 
-def render_bytes(arr: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, pa.Array]:
+# text that would read as another rendering (a decimal int64 or 0x-hex): displays quote it
+_LOOKS_RENDERED = r"^(-?[0-9]+|0x[0-9a-f]*)$"
+
+
+def render_bytes(arr: pa.Array | pa.ChunkedArray, quote_lookalikes: bool = False) -> tuple[pa.Array, pa.Array]:
     """(text, int64) renderings of every row: printable UTF-8 as text (whatever its length), else 8 bytes as int64, else 0x-hex.
 
     The int64 is the little-endian reading of every 8-byte row, text or not (null for other lengths).
+    ``quote_lookalikes`` (displays): text that reads as a number or as hex is shown in double quotes ("123"), so the
+    text key "12345678" and the int64 key 12345678 look different; the query projection keeps text as it is.
     """
     arr = _as_binary_array(arr)
     ints = int64_readings(arr)
@@ -294,6 +298,10 @@ def render_bytes(arr: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, pa.Array]:
     printable = printable_mask(arr)
     # rows that are not printable are blanked before the cast: Arrow may only hold valid UTF-8 as a string
     text = (arr if printable.all() else pc.if_else(pa.array(printable), arr, pa.scalar(b"", pa.binary()))).cast(pa.string())
+    if quote_lookalikes and printable.any():
+        lookalike = pc.and_(pa.array(printable), pc.match_substring_regex(text, _LOOKS_RENDERED))
+        if pc.any(lookalike).as_py():
+            text = pc.if_else(lookalike, pc.binary_join_element_wise(pa.scalar('"'), text, pa.scalar('"'), ""), text)
     use_int = is8 & ~printable
     if use_int.any():
         text = pc.if_else(pa.array(use_int), pc.cast(ints, pa.string()), text)
@@ -321,25 +329,6 @@ def projection_metadata(format_version: int, state_versions: StateVersionMap, pr
         STATE_VERSIONS_KEY: state_versions.pack().encode(),
         PROJECTION_KEY: projection.encode(),
     }
-
-
-def operators_metadata(operators: Mapping[int, str | None]) -> dict[bytes, bytes]:
-    """The OPERATORS_KEY entry for the named ones of ``operators`` (op_id -> uid); empty when none is named."""
-    import json
-
-    named = {str(op_id): uid for op_id, uid in sorted(operators.items()) if uid}
-    return {OPERATORS_KEY: json.dumps(named, separators=(",", ":")).encode()} if named else {}
-
-
-def operators_from_metadata(metadata: Mapping[bytes, bytes]) -> dict[int, str]:
-    """op_id -> uid from an OPERATORS_KEY entry; empty when absent or unreadable (the names are a courtesy, never needed)."""
-    import json
-
-    try:
-        named = json.loads(metadata.get(OPERATORS_KEY, b"{}"))
-        return {int(op_id): str(uid) for op_id, uid in named.items() if uid} if isinstance(named, dict) else {}
-    except (ValueError, TypeError, AttributeError):
-        return {}
 
 
 def parquet_projection(table: pa.Table, format_version: int = FORMAT_VERSION, state_versions: StateVersionMap | None = None) -> pa.Table:

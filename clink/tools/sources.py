@@ -85,7 +85,7 @@ class SourceRef:
     def what(self) -> str:
         """What a stored source names, without where: "checkpoint 7 of job 'orders'", "savepoint 'v2'"."""
         if self.kind == "checkpoint":
-            return f"checkpoint {self.checkpoint_id} of job {self.job!r}"
+            return f"checkpoint {self.checkpoint_id} of job {self.job}"
         if self.kind == "savepoint":
             return f"savepoint {self.savepoint!r}"
         return self.spec
@@ -96,7 +96,7 @@ class SourceRef:
             return f"{self.what()} in {self.store_uri}"
         if self.kind == "pool":
             which = f"checkpoint {self.checkpoint_id}" if self.checkpoint_id is not None else "latest checkpoint"
-            return f"{which} of job {self.job!r} on pool {self.address}"
+            return f"{which} of job {self.job} on pool {self.address}"
         return self.spec
 
 
@@ -118,7 +118,7 @@ class StateSource:
     def label(self) -> str:
         """Human name of the source."""
         if self.ref.kind == "pool" and self.checkpoint_id is not None:
-            return f"checkpoint {self.checkpoint_id} of job {self.ref.job!r} on pool {self.ref.address}"
+            return f"checkpoint {self.checkpoint_id} of job {self.ref.job} on pool {self.ref.address}"
         return self.ref.describe()
 
 
@@ -262,7 +262,7 @@ def snapshot_source(ref: SourceRef, data: bytes | pa.Buffer | pa.NativeFile, sel
         snap = read_snapshot(data)
     except ClinkError as exc:
         raise _with_prefix(exc, ref.describe()) from exc
-    from clink.tools.projections import operators_from_metadata
+    from snapshot.format import operators_from_metadata
 
     table = canonical_from_changelog(snap.table) if snap.is_changelog else snap.table
     table = apply_selection(table, selection)
@@ -300,9 +300,8 @@ def parquet_source(ref: SourceRef, selection: Selection) -> StateSource:
         PROJECTION_KEY,
         READABLE_PROJECTIONS,
         canonical_from_projection,
-        operators_from_metadata,
     )
-    from snapshot.format import FORMAT_VERSION_KEY, STATE_VERSIONS_KEY
+    from snapshot.format import FORMAT_VERSION_KEY, STATE_VERSIONS_KEY, operators_from_metadata
 
     try:
         parquet = pq.ParquetFile(ref.path)
@@ -588,15 +587,15 @@ def _scan_pool(ref: SourceRef, selection: Selection, client) -> StateSource:
             if type(exc) is not NotFoundError:
                 raise
             # the client's context and the pool's message both name the job: say it once
-            raise NotFoundError(f"{where}: job {ref.job!r} not found") from None
+            raise NotFoundError(f"{where}: job {ref.job} not found") from None
         if ref.checkpoint_id is None:
             if not checkpoints:
-                raise NotFoundError(f"{where}: job {ref.job!r} has no complete checkpoint")
+                raise NotFoundError(f"{where}: job {ref.job} has no complete checkpoint")
             checkpoint_id = max(checkpoints)
         else:
             checkpoint_id = ref.checkpoint_id
             if checkpoint_id not in checkpoints:  # said here, before a scan whose error would name the checkpoint twice
-                raise NotFoundError(f"{where}: checkpoint {checkpoint_id} of job {ref.job!r} not found ({complete_ids(checkpoints)})")
+                raise NotFoundError(f"{where}: checkpoint {checkpoint_id} of job {ref.job} not found ({complete_ids(checkpoints)})")
         data = client.scan_checkpoint(ref.job, checkpoint_id, selection.key_groups, selection.op_ids)
         info = checkpoints.get(checkpoint_id)
     source = snapshot_source(ref, data, Selection(selection.key_groups, selection.op_ids))

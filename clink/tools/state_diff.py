@@ -108,10 +108,10 @@ def rendered_entries(diff: StateDiff, limit: int | None) -> list[RenderedEntry]:
     entries = diff.entries if limit is None else diff.entries.slice(0, limit)
     if entries.num_rows == 0:
         return []
-    key_text, _ = render_bytes(entries.column("user_key"))
+    key_text, _ = render_bytes(entries.column("user_key"), quote_lookalikes=True)
     empty = pa.scalar(b"", pa.binary())
-    a_text, _ = render_bytes(pc.fill_null(entries.column("value_a"), empty))
-    b_text, _ = render_bytes(pc.fill_null(entries.column("value_b"), empty))
+    a_text, _ = render_bytes(pc.fill_null(entries.column("value_a"), empty), quote_lookalikes=True)
+    b_text, _ = render_bytes(pc.fill_null(entries.column("value_b"), empty), quote_lookalikes=True)
     rows = entries.select(["op_id", "slot", "key_group", "change"]).to_pylist()
     present_a = pc.is_valid(entries.column("value_a")).to_pylist()
     present_b = pc.is_valid(entries.column("value_b")).to_pylist()

@@ -94,7 +94,7 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
     report.add(
         "manifest",
         PASS,
-        f"checkpoint {manifest.checkpoint_id} of job {manifest.job!r} (parent {manifest.parent_id}), "
+        f"checkpoint {manifest.checkpoint_id} of job {manifest.job} (parent {manifest.parent_id}), "
         f"{len(manifest.files)} file(s), {len(manifest.parts)} part(s)",
         "_metadata",
     )

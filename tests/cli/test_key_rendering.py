@@ -123,3 +123,32 @@ def test_state_diff_names_text_keys(tmp_path, clink_run, words_snapshot) -> None
 def test_the_help_says_what_printable_means(clink_run, command) -> None:
     text = " ".join(clink_run(command, "--help").stdout.split())
     assert "printable UTF-8" in text and "not a space" in text and "control" in text and "int64" in text
+
+
+def test_displays_quote_text_that_reads_as_a_number_or_hex() -> None:
+    """The text key "12345678" and the int64 key 12345678 look different in state-cat and state-diff; key_text does not change."""
+    raws = [b"12345678", _int(12345678), b"0xff", b"-7", b"user-7", b"", b"12 apples"]
+    shown, _ = p.render_bytes(pa.array(raws, pa.binary()), quote_lookalikes=True)
+    assert shown.to_pylist() == ['"12345678"', "12345678", '"0xff"', '"-7"', "user-7", "0x", "12 apples"]
+    plain, _ = p.render_bytes(pa.array(raws, pa.binary()))
+    assert plain.to_pylist()[:4] == ["12345678", "12345678", "0xff", "-7"]  # the query projection's key_text keeps the text
+
+
+def test_state_cat_shows_a_numeric_text_key_quoted(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from clink.cli.state import cli
+
+    keys = [s.encode_keyed_key("count", b"12345678"), s.encode_keyed_key("count", _int(12345678))]
+    table = pa.table(
+        {
+            "op_id": pa.array([OP, OP], pa.uint64()),
+            "key_bytes": pa.array(keys, pa.binary()),
+            "value_bytes": pa.array([b"v", b"w"], pa.binary()),
+        }
+    )
+    path = write_table(tmp_path / "s.arrow", table, s.StateVersionMap({}))
+    out = CliRunner().invoke(cli, ["state-cat", str(path), "-o", "json"])
+    assert out.exit_code == EXIT_OK, out.output
+    shown = {row["user_key_hex"]: row["user_key"] for row in json.loads(out.stdout)["rows"]}
+    assert shown == {b"12345678".hex(): '"12345678"', _int(12345678).hex(): "12345678"}

@@ -74,9 +74,9 @@ def test_stored_not_found_says_it_once(cwd_tmp, pool_dir, tmp_tree, clink_run, c
 @pytest.mark.parametrize(
     ("path", "says"),
     [
-        ("nojob", "job 'nojob' not found"),
-        ("nojob/chk-1", "job 'nojob' not found"),
-        ("orders/chk-99", "checkpoint 99 of job 'orders' not found"),
+        ("nojob", "job nojob not found"),
+        ("nojob/chk-1", "job nojob not found"),
+        ("orders/chk-99", "checkpoint 99 of job orders not found"),
     ],
 )
 def test_pool_not_found_says_it_once(cwd_tmp, grpc_pool, tmp_tree, clink_run, path, says) -> None:
@@ -135,7 +135,7 @@ def test_state_cat_says_when_a_filter_matches_nothing(cwd_tmp, pool_dir, tmp_tre
     assert doc["shown"] == len(doc["rows"])
     assert result.stderr.count("\n") == 1
     note = json.loads(result.stderr)
-    assert note["note"].startswith(f"nothing matches {names} in checkpoint 2 of job 'orders'")
+    assert note["note"].startswith(f"nothing matches {names} in checkpoint 2 of job orders")
     text = clink_run("state-cat", src, *args)
     assert text.stderr.strip().startswith(f"clink: note: nothing matches {names}") and "note" not in text.stdout
     assert tmp_tree() == before

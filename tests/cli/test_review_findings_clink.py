@@ -240,7 +240,7 @@ def test_a_workdir_that_cannot_be_created_is_one_line_and_exit_2(where, tmp_path
 
 @pytest.fixture(scope="module")
 def served_pool() -> Iterator[tuple[str, int, int]]:
-    """(gRPC address, metrics port, HTTP export port) of a pool over a memory store holding job 'orders', checkpoints 1-7."""
+    """(gRPC address, metrics port, HTTP export port) of a pool over a memory store holding job orders, checkpoints 1-7."""
     from pool.server import PoolServer, PoolServerConfig
     from store.memory import MemoryStore
     from tests.cli_fixtures import commit_checkpoints, generated_table
@@ -263,7 +263,7 @@ def test_a_missing_pool_checkpoint_offers_the_complete_ones_by_that_name(served_
     result = run(["state-cat", f"grpc://{address}/orders/chk-99"])
     assert result.exit_code == 3, result.output
     line = one_line_error(result)
-    assert "checkpoint 99 of job 'orders' not found (the newest complete checkpoints: 3, 4, 5, 6, 7 (of 7))" in line
+    assert "checkpoint 99 of job orders not found (the newest complete checkpoints: 3, 4, 5, 6, 7 (of 7))" in line
     assert "newest complete:" not in line
     assert complete_ids([2, 1]) == "complete checkpoints: 1, 2" and complete_ids([]) == "it has no complete checkpoint"
 

@@ -30,7 +30,7 @@ def test_required_restore_raises_and_changes_nothing(memory_pool_address: str) -
     with RemoteReadBackend.connect(memory_pool_address, "strict-job", config=FAST) as backend:
         backend.put(backend.register_operator("counter"), b"\x01count|k", b"v")
         epoch = backend.epoch
-        with pytest.raises(NotFoundError, match="job 'strict-job' has no complete checkpoint to restore from"):
+        with pytest.raises(NotFoundError, match="job strict-job has no complete checkpoint to restore from"):
             backend.restore(required=True)
         assert backend.epoch == epoch and backend.delta_rows == 1
         with pytest.raises(NotFoundError):

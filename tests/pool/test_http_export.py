@@ -195,3 +195,49 @@ def test_clink_reads_the_http_route_as_a_source(served, tmp_path: Path) -> None:
     assert missing.exit_code == EXIT_NOT_FOUND
     line = one_line_error(missing)
     assert "HTTP 404" in line and "nobody" in line
+
+
+def test_a_404_names_the_job_and_the_pools_store_not_its_location(store) -> None:
+    """Clients never learn the bucket or directory (the operator's); the message still reads as a sentence."""
+    from pool.errors import store_redactor
+
+    commit_checkpoints(store, JOB, [generated_table(51, keyed_rows=10)])
+    export = start_http_export(PoolCore(store), "127.0.0.1", 0, redact=store_redactor(store.uri))
+    try:
+        code, body = _status(f"{export.url}/jobs/nobody/state.arrow")
+    finally:
+        export.stop()
+    location = store.uri.split("://", 1)[1].rstrip("/")
+    assert code == 404 and "nobody" in body and "the pool's store" in body, body
+    assert location not in body and "<store>" not in body
+
+
+@pytest.mark.parametrize("uri", ["file:///srv/pool", "s3://bkt/prefix"])
+def test_the_redactor_names_keys_relative_to_the_store(uri: str) -> None:
+    from pool.errors import store_redactor
+
+    redact = store_redactor(uri)
+    assert redact(f"job x not found in {uri}") == "job x not found in the pool's store"
+    assert redact(f"checksum mismatch in {uri}/jobs/x/data/f1") == "checksum mismatch in jobs/x/data/f1"
+    if uri.startswith("file://"):
+        assert redact("cannot read /srv/pool/jobs/x/writers") == "cannot read jobs/x/writers"
+
+
+def test_the_export_names_the_operators_uids_in_its_metadata(served) -> None:
+    """A reader of the export names operators as a reader of the store does (clink.operators, an additive key)."""
+    from tests.cli_fixtures import OPERATOR_PAIRS
+
+    export, _, _, _ = served
+    with _get(f"{export.url}/jobs/{JOB}/state.arrow") as resp:
+        metadata = ipc.open_stream(resp).schema.metadata
+    from snapshot.format import OPERATORS_KEY
+
+    named = json.loads(metadata[OPERATORS_KEY])
+    assert named == {str(op): uid for op, uid in OPERATOR_PAIRS if uid} and named
+    from click.testing import CliRunner
+
+    from clink.cli.state import cli as state_cli
+
+    shown = CliRunner().invoke(state_cli, ["state-cat", f"{export.url}/jobs/{JOB}/state.arrow", "-o", "json"])
+    assert shown.exit_code == 0, shown.output
+    assert any(uid in shown.stdout for uid in named.values())
