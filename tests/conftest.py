@@ -13,7 +13,7 @@ Fixtures (reuse them, do not copy them):
 
 Its plugins add more: ``seaweed`` (tests/seaweed_fixtures.py), ``pool_store``, ``pool_address`` and
 ``memory_pool_address`` (tests/client_fixtures.py), ``pki`` (tests/security_fixtures.py), ``cwd_tmp``, ``tmp_tree``,
-``clink_run``, ``clink_pool_run`` and ``s3_cli_env`` (tests/first_hour_fixtures.py).
+``clink_run``, ``clink_pool_run``, ``s3_cli_env`` and ``silent_endpoint`` (tests/first_hour_fixtures.py).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
 - ``clink_run`` / ``clink_pool_run``: ``clink_run(*args, env=None)`` runs the command line in process through click's runner,
   its group's own handler mapping errors to exit codes; the result has ``exit_code``, ``stdout`` and ``stderr``.
 - ``s3_cli_env``: the environment a command line needs to reach the session's moto server (dummy credentials).
+- ``silent_endpoint``: ``http://127.0.0.1:PORT`` of a socket that accepts connections and never answers.
 """
 
 from __future__ import annotations
@@ -68,3 +69,14 @@ def s3_cli_env(moto_endpoint: str) -> dict[str, str]:
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": moto_endpoint,
     }
+
+
+@pytest.fixture
+def silent_endpoint():
+    """http://127.0.0.1:PORT of a socket that accepts connections (in its backlog) and never answers."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        yield f"http://127.0.0.1:{silent.getsockname()[1]}"

@@ -303,17 +303,6 @@ def test_5_missing_credentials_exit_6_with_the_same_hint_everywhere(monkeypatch,
 SILENT_BOUND_S = 12  # the probe waits StoreConfig.probe_timeout_s (5 s), once; before the fix it waited 30 s x 6 attempts
 
 
-@pytest.fixture
-def silent_endpoint():
-    """http://127.0.0.1:PORT of a socket that accepts connections (in its backlog) and never answers."""
-    import socket
-
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(64)
-        yield f"http://127.0.0.1:{silent.getsockname()[1]}"
-
-
 @pytest.mark.parametrize(
     "command",
     [

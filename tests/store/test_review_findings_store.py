@@ -39,17 +39,6 @@ def test_3_good_endpoints_pass(url: str):
 # --- 1. the first look at a store is one attempt with a short timeout --------------------------------------------------
 
 
-@pytest.fixture
-def silent_endpoint():
-    """http://127.0.0.1:PORT of a socket that accepts connections (in its backlog) and never answers."""
-    import socket
-
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(64)
-        yield f"http://127.0.0.1:{silent.getsockname()[1]}"
-
-
 @pytest.mark.parametrize("call", ["check_exists", "probe"])
 def test_1_check_and_probe_take_one_attempt_within_the_probe_timeout(silent_endpoint: str, call: str):
     import time
