@@ -242,10 +242,10 @@ def _finished(
 ) -> None:
     """Count one finished export in /metrics and log it at info: what, status, rows, bytes, seconds, and why when it failed."""
     seconds = time.monotonic() - started
-    if metrics is not None:
-        metrics.http_export_finished(outcome, nbytes, seconds)
     counted = f", {rows} rows, {nbytes} bytes" if rows is not None else ""
     log.info("export %s -> %s%s in %.3f s%s", what, outcome, counted, seconds, f": {' '.join(detail.split())}" if detail else "")
+    if metrics is not None:  # after the log line: whoever sees the count can find the line
+        metrics.http_export_finished(outcome, nbytes, seconds)
 
 
 def _prepend(first: bytes, rest):

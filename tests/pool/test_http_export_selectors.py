@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -62,6 +63,18 @@ def _metrics(server: PoolServer) -> str:
 def _sample(text: str, name: str) -> float:
     m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else 0.0
+
+
+def _settled(server: PoolServer, done) -> str:
+    """/metrics once ``done(text)`` holds: the export counts and logs after its last byte went out, so a client that has
+    read the body may ask before the handler has; bounded (5 s), then the last text for the assertion to show.
+    """
+    deadline = time.monotonic() + 5
+    text = _metrics(server)
+    while not done(text) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        text = _metrics(server)
+    return text
 
 
 @pytest.mark.parametrize("query", ["", "?checkpoint=0", "?checkpoint=latest", "?checkpoint="])
@@ -132,7 +145,8 @@ def test_a_bad_selector_is_one_line_400_counted_and_logged(exporting, caplog, qu
     status, headers, body = _fetch(_url(server, query))
     assert status == 400 and headers["X-Clink-Error"] == "InvalidArgumentError"
     assert needle in body.decode() and body.decode().count("\n") == 1
-    assert _sample(_metrics(server), 'clink_pool_http_exports_total{code="400"}') == before + 1
+    after = _settled(server, lambda text: _sample(text, 'clink_pool_http_exports_total{code="400"}') > before)
+    assert _sample(after, 'clink_pool_http_exports_total{code="400"}') == before + 1
     assert any("-> 400" in r.getMessage() and needle in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 
 
@@ -151,7 +165,8 @@ def test_an_export_is_counted_with_its_bytes_and_logged_with_job_checkpoint_rows
     before = _metrics(server)
     status, _, body = _fetch(_url(server, "?checkpoint=1"))
     assert status == 200
-    after = _metrics(server)
+    counted = 'clink_pool_http_exports_total{code="200"}'
+    after = _settled(server, lambda text: _sample(text, counted) > _sample(before, counted))
     assert _sample(after, 'clink_pool_http_exports_total{code="200"}') == _sample(before, 'clink_pool_http_exports_total{code="200"}') + 1
     assert _sample(after, "clink_pool_http_export_bytes_total") == _sample(before, "clink_pool_http_export_bytes_total") + len(body)
     assert _sample(after, "clink_pool_http_export_seconds_count") == _sample(before, "clink_pool_http_export_seconds_count") + 1
@@ -162,7 +177,13 @@ def test_an_export_is_counted_with_its_bytes_and_logged_with_job_checkpoint_rows
     ), lines
     missing = _fetch(f"{server.http_export.url}/jobs/nobody/state.arrow")  # type: ignore[union-attr]
     assert missing[0] == 404
-    assert _sample(_metrics(server), 'clink_pool_http_exports_total{code="404"}') >= 1
+    assert (
+        _sample(
+            _settled(server, lambda text: _sample(text, 'clink_pool_http_exports_total{code="404"}') >= 1),
+            'clink_pool_http_exports_total{code="404"}',
+        )
+        >= 1
+    )
 
 
 def test_the_export_binds_on_http_host_and_metrics_on_metrics_host(exporting):
