@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
@@ -40,16 +41,12 @@ ExtraMetadata: TypeAlias = Mapping[bytes, bytes | str] | Mapping[str, bytes | st
 
 def operators_metadata(operators: Mapping[int, str | None]) -> dict[bytes, bytes]:
     """The OPERATORS_KEY entry for the named ones of ``operators`` (op_id -> uid); empty when none is named."""
-    import json
-
     named = {str(op_id): uid for op_id, uid in sorted(operators.items()) if uid}
     return {OPERATORS_KEY: json.dumps(named, separators=(",", ":")).encode()} if named else {}
 
 
 def operators_from_metadata(metadata: Mapping[bytes, bytes]) -> dict[int, str]:
     """op_id -> uid from an OPERATORS_KEY entry; empty when absent or unreadable (the names are a courtesy, never needed)."""
-    import json
-
     try:
         named = json.loads(metadata.get(OPERATORS_KEY, b"{}"))
         return {int(op_id): str(uid) for op_id, uid in named.items() if uid} if isinstance(named, dict) else {}

@@ -292,6 +292,20 @@ def ls_cmd(ctx: click.Context, job: str | None) -> None:
     doc = life.describe_job(job)
     for p in doc["pins"]:
         p["expires_at"] = iso_utc(p["expires_at_ms"])
+    if not doc["checkpoints"]:
+        ranges = ", ".join(f"{w['kg_lo']}-{w['kg_hi']} (epoch {w['epoch']})" for w in doc["writers"]) or "none"
+        lines = [
+            f"{job}: no checkpoint yet. Workers connected as writers of key groups {ranges}; "
+            "the job holds state once they complete a checkpoint."
+        ]
+    else:
+        lines = _checkpoint_table(doc)
+    lines.append(f"{doc['data_files']} data file(s), {_mb(doc['data_bytes'])} under jobs/{job}/data/")
+    _emit(ctx, doc, "\n".join(lines))
+
+
+def _checkpoint_table(doc: dict[str, Any]) -> list[str]:
+    """Ls JOB's lines for a job with checkpoints: one per checkpoint (complete or staged), then its pins."""
     lines = [f"{'chk':>6} {'state':<10} {'parts':>5} {'layers':>6} {'files':>5} {'bytes':>12}"]
     for c in doc["checkpoints"]:
         if c["complete"]:
@@ -306,14 +320,7 @@ def ls_cmd(ctx: click.Context, job: str | None) -> None:
         lines.append(
             f"pin: checkpoint {p['checkpoint_id']} held by {p['holder']} until {p['expires_at']}{' (expired)' if p['expired'] else ''}"
         )
-    if not doc["checkpoints"]:
-        ranges = ", ".join(f"{w['kg_lo']}-{w['kg_hi']} (epoch {w['epoch']})" for w in doc["writers"]) or "none"
-        lines = [
-            f"{job}: no checkpoint yet. Workers connected as writers of key groups {ranges}; "
-            "the job holds state once they complete a checkpoint."
-        ]
-    lines.append(f"{doc['data_files']} data file(s), {_mb(doc['data_bytes'])} under jobs/{job}/data/")
-    _emit(ctx, doc, "\n".join(lines))
+    return lines
 
 
 @click.command("inspect")

@@ -83,7 +83,7 @@ class SourceRef:
     address: str = ""  # host:port of a pool
 
     def what(self) -> str:
-        """What a stored source names, without where: "checkpoint 7 of job 'orders'", "savepoint 'v2'"."""
+        """What a stored source names, without where: "checkpoint 7 of job orders", "savepoint 'v2'"."""
         if self.kind == "checkpoint":
             return f"checkpoint {self.checkpoint_id} of job {self.job}"
         if self.kind == "savepoint":
