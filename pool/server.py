@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pool.admission import Admission, AdmissionConfig, LaneExecutor
@@ -24,6 +24,7 @@ from pool.auth import OPEN_METHODS, AuthInterceptor, TlsConfig, TokenTable
 from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.errors import store_redactor
+from pool.health import PoolHealth
 from pool.http_serving import bind_problem
 from pool.interceptor import StatusInterceptor
 from pool.lifecycle import LifecycleConfig
@@ -267,7 +268,7 @@ class PoolServer:
         self._store_redactor: Callable[[str], str] = str if self._store is None else store_redactor(self._store.uri)
         self.metrics = PoolMetrics()
         self.metrics.watch_core(self._core_stats)
-        self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.health = PoolHealth()
         self.admission = Admission(config.admission)
         self._executor: LaneExecutor | None = None
         self._server: grpc.Server | None = None
