@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
-import enum
+import asyncio
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, fields
-from operator import itemgetter
-from typing import Final, Literal, overload
+from typing import Literal, overload
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 import snapshot
+from client.batched_reads import ReadCoalescer
+from client.delta import MISSING as _MISSING
+from client.delta import Delta, StateKey, changelog_table
+from client.delta import entry_bytes as _entry_bytes
 from client.errors import ClinkError, FencedError, InvalidArgumentError, MissingOperatorsError, NotFoundError
 from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig
+from client.warm import WarmTable, check_warm_mode, format_groups, plan_warm_up, table_of_scan
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
 from snapshot.names import validate_job
 
-StateKey = tuple[int, bytes]  # (op_id, key_bytes)
-Layer = dict[StateKey, "bytes | None"]  # None marks an erase
+__all__ = ["BackendConfig", "RemoteReadBackend", "changelog_table", "ttl_expired_mask"]
+
 _ENTRY_OVERHEAD = 64  # rough per-entry bookkeeping bytes counted against the cache bound
 
 
@@ -37,14 +42,15 @@ class BackendConfig(PoolClientConfig):
     cache_bytes: int = 64 * 1024 * 1024
     # milliseconds since the epoch; TTL slots compare their expire-at prefix against it
     clock_ms: Callable[[], int] = _wall_clock_ms
+    # after a restore, load the range in bulk to answer reads locally: "auto" in the background when it fits the cache
+    # (else its most read key groups that fit), "eager" before restore returns, "off" never
+    warm_up: str = "auto"
+    # asynchronous reads (get_async, aget) issued within this window of the first one share one MultiGet
+    read_batch_window_s: float = 0.0002
 
     def pool_client_config(self) -> PoolClientConfig:
         """The PoolClientConfig these settings imply."""
         return PoolClientConfig(**{f.name: getattr(self, f.name) for f in fields(PoolClientConfig)})
-
-
-def _entry_bytes(key: StateKey, value: bytes | None) -> int:
-    return len(key[1]) + (len(value) if value is not None else 0)
 
 
 def _check_range(key_groups: Sequence[int]) -> tuple[int, int]:
@@ -53,6 +59,29 @@ def _check_range(key_groups: Sequence[int]) -> tuple[int, int]:
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"key_groups must be a (lo, hi) pair, got {key_groups!r}") from None
     return check_key_group_range(lo, hi)
+
+
+def _binary_array(data: Sequence[bytes] | pa.Array | pa.ChunkedArray, what: str) -> pa.Array:
+    """put_many's keys or values as one Arrow binary array (an Arrow array as it is; a list converted in one call)."""
+    if isinstance(data, pa.ChunkedArray):
+        data = data.combine_chunks()
+    if isinstance(data, pa.Array):
+        if pa.types.is_binary(data.type):
+            return data
+        if pa.types.is_large_binary(data.type) or pa.types.is_fixed_size_binary(data.type):
+            return data.cast(pa.binary())
+        raise InvalidArgumentError(f"put_many {what} must be an Arrow binary array, got {data.type}")
+    if isinstance(data, (bytes, bytearray, memoryview, str)):
+        raise InvalidArgumentError(f"put_many {what} must be a list of bytes or an Arrow array, not one {type(data).__name__} value")
+    try:
+        array = pa.array(data if isinstance(data, list) else list(data))
+    except (TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InvalidArgumentError(f"put_many {what} must all be bytes: {exc}") from None
+    if pa.types.is_null(array.type) and array.null_count == len(array) and len(array) == 0:
+        return pa.array([], pa.binary())
+    if not pa.types.is_binary(array.type):
+        raise InvalidArgumentError(f"put_many {what} must all be bytes, got {array.type} values")
+    return array
 
 
 def _check_op_id(op_id: int) -> int:
@@ -113,28 +142,6 @@ class _LruCache:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-class _Missing(enum.Enum):
-    """The sentinel of a lookup that found nothing (None is a value there: a key known absent, an erase)."""
-
-    MISSING = enum.auto()
-
-
-_MISSING: Final = _Missing.MISSING
-
-
-def changelog_table(layer: Mapping[StateKey, bytes | None]) -> pa.Table:
-    """A changelog table (puts and erases) of a layer, built column-wise: the columns are listed once, the rest is Arrow."""
-    if not layer:
-        return snapshot.empty_table(changelog=True)
-    keys = list(layer.keys())
-    values = pa.array(list(layer.values()), type=pa.binary())  # an erase (None) becomes a null, then an erase row
-    kinds = pc.if_else(values.is_null(), pa.scalar(snapshot.ROW_ERASE, pa.uint8()), pa.scalar(snapshot.ROW_PUT, pa.uint8()))
-    op_ids = pa.array(list(map(itemgetter(0), keys)), type=pa.uint64())
-    key_bytes = pa.array(list(map(itemgetter(1), keys)), type=pa.binary())
-    columns = [kinds, op_ids, key_bytes, values.fill_null(b"")]
-    return pa.Table.from_arrays(columns, schema=snapshot.CHANGELOG_SCHEMA)
 
 
 def _prefix_mask(keys: pa.Array, prefix: bytes, start: int) -> np.ndarray:
@@ -205,16 +212,25 @@ class RemoteReadBackend:
         self.job = job
         self.config = config
         self.key_groups = _check_range(key_groups)
+        check_warm_mode(config.warm_up)
+        if not config.read_batch_window_s >= 0:
+            raise InvalidArgumentError(f"read_batch_window_s must be >= 0, got {config.read_batch_window_s!r}")
         self.epoch = 0
         self._lock = threading.RLock()
         self._snapshot_lock = threading.Lock()
-        self._delta: Layer = {}
-        self._delta_bytes = 0
-        self._shipping: Layer = {}
-        # deltas committed for checkpoints not yet known complete: (checkpoint_id, layer), oldest first
-        self._pending: list[tuple[int, Layer]] = []
+        self._delta = Delta()
+        self._shipping = Delta()
+        # deltas committed for checkpoints not yet known complete: (checkpoint_id, delta), oldest first
+        self._pending: list[tuple[int, Delta]] = []
         self._cache = _LruCache(config.cache_bytes)
         self._generation = 0  # bumped whenever the cache's basis changes, so late pool answers are not cached
+        self._attempt = 0  # bumped by every restore and start_fresh: a warm-up of an older attempt stops
+        self._warm: WarmTable | None = None
+        self._warm_stale = False  # the warm table holds so many changed keys that the next release reloads it
+        self._warm_thread: threading.Thread | None = None
+        self._reads_by_group = [0] * NUM_KEY_GROUPS  # pool reads per key group: the hottest are warmed when not all fit
+        self._coalescer: ReadCoalescer | None = None
+        self._async_batches: dict[asyncio.AbstractEventLoop, tuple[list[StateKey], list[asyncio.Future]]] = {}
         self._read_checkpoint: int | None = None
         self._read_etag = ""  # the version of the read checkpoint this backend holds: its reads are answered from it
         self._parent_id = 0
@@ -262,9 +278,13 @@ class RemoteReadBackend:
         """Drop local state and close the channel (if this backend opened it); unsaved writes are lost."""
         with self._lock:
             self.closed = True
-            self._delta, self._shipping, self._pending = {}, {}, []
-            self._delta_bytes = 0
+            self._delta, self._shipping, self._pending = Delta(), Delta(), []
             self._cache.clear()
+            self._attempt += 1
+            self._warm = None
+            coalescer, self._coalescer = self._coalescer, None
+        if coalescer is not None:
+            coalescer.close()  # reads still queued fail: the backend is closed
         if self._owns_pool:
             self._pool.close()
 
@@ -278,23 +298,45 @@ class RemoteReadBackend:
 
     @property
     def delta_rows(self) -> int:
-        """Puts and erases in the hot delta (since the last snapshot)."""
-        return len(self._delta)
+        """Puts and erases in the hot delta (since the last snapshot; a key written by put and by put_many counts twice)."""
+        return self._delta.rows
 
     @property
     def delta_bytes(self) -> int:
         """Key plus value bytes in the hot delta."""
-        return self._delta_bytes
+        return self._delta.bytes
 
     @property
     def cache_bytes(self) -> int:
-        """Bytes held by the read cache."""
-        return self._cache.bytes
+        """Bytes held by the read cache (the warm table's included)."""
+        warm = self._warm
+        return self._cache.bytes + (warm.bytes if warm is not None else 0)
 
     @property
-    def cache_stats(self) -> dict[str, int]:
-        """Cache hits, misses, entries and bytes."""
-        return {"hits": self._cache.hits, "misses": self._cache.misses, "entries": len(self._cache), "bytes": self._cache.bytes}
+    def cache_stats(self) -> dict[str, int | str]:
+        """Read-cache hits, misses, entries and bytes, and the warm table's state, key groups, rows, bytes and hits.
+
+        ``warm_state``: "off", "none" (nothing to warm, or not even one key group fits the cache), "loading", "full"
+        (every key group of the range), "partial" (the most read key groups that fit; ``warm_key_groups`` says which)
+        or "failed" (``warm_error`` says why; reads go to the pool).
+        """
+        warm = self._warm
+        stats: dict[str, int | str] = {
+            "hits": self._cache.hits,
+            "misses": self._cache.misses,
+            "entries": len(self._cache),
+            "bytes": self._cache.bytes,
+            "warm_state": "off" if warm is None else warm.state,
+            "warm_key_groups": "" if warm is None else format_groups(sorted(warm.loaded_groups)),
+            "warm_rows": 0 if warm is None else warm.rows,
+            "warm_bytes": 0 if warm is None else warm.bytes,
+            "warm_hits": 0 if warm is None else warm.hits,
+            "warm_range_bytes": 0 if warm is None else warm.range_bytes,
+            "warm_stale_keys": 0 if warm is None else warm.stale_keys,
+        }
+        if warm is not None and warm.error:
+            stats["warm_error"] = warm.error
+        return stats
 
     @property
     def read_checkpoint(self) -> int | None:
@@ -356,11 +398,13 @@ class RemoteReadBackend:
         self._check_key(key_bytes)
         k = (op_id, key_bytes)
         with self._lock:
-            old = self._delta.get(k, _MISSING)
+            delta = self._delta
+            top = delta.top
+            old = top.get(k, _MISSING)
             if old is not _MISSING:
-                self._delta_bytes -= _entry_bytes(k, old)
-            self._delta[k] = value
-            self._delta_bytes += _entry_bytes(k, value)
+                delta.bytes -= _entry_bytes(k, old)
+            top[k] = value
+            delta.bytes += _entry_bytes(k, value)
 
     def put(self, op_id: int, key_bytes: bytes, value: bytes) -> None:
         """Write a value into the hot delta."""
@@ -372,23 +416,76 @@ class RemoteReadBackend:
         """Erase a key (recorded in the hot delta; shipped as an erase row)."""
         self._write(op_id, key_bytes, None)
 
+    def put_many(self, op_id: int, keys: Sequence[bytes] | pa.Array, values: Sequence[bytes] | pa.Array) -> int:
+        """Write many values of one operator at once; a later write of a key wins, as with ``put``. Returns the row count.
+
+        ``keys`` and ``values``: lists of bytes, or Arrow binary (or large binary) arrays of equal length, which go
+        into the delta as they are: no Python object per row. Bad input (a null, an empty key, a key outside this
+        backend's key groups, lengths that differ) raises InvalidArgumentError naming the first bad row and writes nothing.
+        """
+        self._check_open()
+        _check_op_id(op_id)
+        key_array = _binary_array(keys, "keys")
+        value_array = _binary_array(values, "values")
+        n = len(key_array)
+        if len(value_array) != n:
+            raise InvalidArgumentError(f"put_many got {n} keys and {len(value_array)} values; they must pair up")
+        if n == 0:
+            return 0
+        for name, array in (("keys", key_array), ("values", value_array)):
+            if array.null_count:
+                first = int(pc.index(array.is_null(), True).as_py())
+                raise InvalidArgumentError(f"put_many {name}[{first}] is null; use erase to remove a key")
+        lengths = pc.binary_length(key_array)
+        if pc.min(lengths).as_py() == 0:
+            first = int(pc.index(pc.equal(lengths, 0), True).as_py())
+            raise InvalidArgumentError(f"put_many keys[{first}] is empty; a state key starts with its key-group byte (or 0xFF)")
+        lead = snapshot.leading_bytes(key_array)
+        lo, hi = self.key_groups
+        outside = (lead < NUM_KEY_GROUPS) & ((lead < lo) | (lead > hi))
+        if outside.any():
+            first = int(np.flatnonzero(outside)[0])
+            key = key_array[first].as_py()
+            raise InvalidArgumentError(
+                f"put_many keys[{first}] {key[:32]!r} is in key group {key[0]}, outside this backend's range {lo}-{hi}"
+            )
+        changelog = pa.Table.from_arrays(
+            [
+                pa.array(np.full(n, snapshot.ROW_PUT, dtype=np.uint8)),
+                pa.array(np.full(n, op_id, dtype=np.uint64)),
+                key_array,
+                value_array,
+            ],
+            schema=snapshot.CHANGELOG_SCHEMA,
+        )
+        with self._lock:
+            self._check_open()
+            self._delta.put_run(changelog)
+        return n
+
     # -- reads --------------------------------------------------------------------------------------
 
     def _local(self, k: StateKey) -> tuple[bool, bytes | None]:
-        """Look a key up in the delta, the shipping delta, pending deltas (newest first), then the cache."""
-        v = self._delta.get(k, _MISSING)
+        """Look a key up in the delta, the shipping delta, pending deltas (newest first), the cache, then the warm table."""
+        v = self._delta.get(k)
         if v is not _MISSING:
             return True, v
-        v = self._shipping.get(k, _MISSING)
+        v = self._shipping.get(k)
         if v is not _MISSING:
             return True, v
         for _, layer in reversed(self._pending):
-            v = layer.get(k, _MISSING)
+            v = layer.get(k)
             if v is not _MISSING:
                 return True, v
         if self._read_checkpoint is None:
             return True, None
-        return self._cache.lookup(k)
+        found, value = self._cache.lookup(k)
+        if found:
+            return found, value
+        warm = self._warm
+        if warm is not None:
+            return warm.lookup(k, self._read_checkpoint)
+        return False, None
 
     def _read_key(self, op_id: int, key_bytes: bytes) -> StateKey:
         _check_op_id(op_id)
@@ -423,9 +520,13 @@ class RemoteReadBackend:
             found, value = self._local(k)
             if found:
                 return value
-        return self._again_if_moved_on(lambda: self._fetch(op_id, [k]), lambda: self._fetch(op_id, [k], True))[0]
+        return self._fetch_from_pool([k])[0]
 
-    def _fetch(self, op_id: int, ks: list[StateKey], recheck: bool = False) -> list[bytes | None]:
+    def _fetch_from_pool(self, ks: list[StateKey]) -> list[bytes | None]:
+        """Keys no local layer held when looked up, from the pool (again at a newer checkpoint if this one went)."""
+        return self._again_if_moved_on(lambda: self._fetch(ks), lambda: self._fetch(ks, True))
+
+    def _fetch(self, ks: list[StateKey], recheck: bool = False) -> list[bytes | None]:
         """Keys no local layer holds, from the pool at the read checkpoint in one MultiGet (cached unless written meanwhile).
 
         ``recheck``: the read checkpoint moved since the keys were looked up locally, so look again first.
@@ -438,7 +539,13 @@ class RemoteReadBackend:
         if not ask:
             return out
         # checkpoint is None only when a concurrent start_fresh dropped the read checkpoint: the request carried 0 for it
-        fetched, etag = self._pool.multi_get_at(self.job, checkpoint or 0, [op_id], [ks[i][1] for i in ask], etag)
+        counts = self._reads_by_group
+        for i in ask:
+            lead = ks[i][1][0]
+            if lead < NUM_KEY_GROUPS:
+                counts[lead] += 1
+        op_ids = [ks[i][0] for i in ask]
+        fetched, etag = self._pool.multi_get_at(self.job, checkpoint or 0, op_ids, [ks[i][1] for i in ask], etag)
         self._adopt(checkpoint, etag)
         with self._lock:
             cache_ok = generation == self._generation
@@ -465,16 +572,98 @@ class RemoteReadBackend:
                 else:
                     miss_idx.append(i)
         if miss_idx:
-            missing = [ks[i] for i in miss_idx]
-            fetched = self._again_if_moved_on(lambda: self._fetch(op_id, missing), lambda: self._fetch(op_id, missing, True))
+            fetched = self._fetch_from_pool([ks[i] for i in miss_idx])
             for i, value in zip(miss_idx, fetched, strict=True):
                 out[i] = value
         return out
 
+    # -- asynchronous reads -------------------------------------------------------------------------
+
+    def _reads(self) -> ReadCoalescer:
+        with self._lock:
+            self._check_open()
+            if self._coalescer is None:
+                self._coalescer = ReadCoalescer(self._fetch_from_pool, self.config.read_batch_window_s, name=f"clink-reads-{self.job}")
+            return self._coalescer
+
+    def get_async(self, op_id: int, key_bytes: bytes) -> Future[bytes | None]:
+        """A future of the key's current value: answered at once from local layers, else batched with other reads.
+
+        Reads issued within ``read_batch_window_s`` of each other (from any thread) go to the pool in one MultiGet. A read
+        sees every write this backend took before it was issued. Bad input raises here, not in the future.
+        """
+        self._check_open()
+        k = self._read_key(op_id, key_bytes)
+        future: Future[bytes | None] = Future()
+        with self._lock:
+            found, value = self._local(k)
+        if found:
+            future.set_result(value)
+            return future
+
+        def deliver(values: list[bytes | None] | None, error: BaseException | None) -> None:
+            if error is not None:
+                future.set_exception(error)
+            elif values is not None:
+                future.set_result(values[0])
+
+        self._reads().submit([k], deliver)
+        return future
+
+    def aget(self, op_id: int, key_bytes: bytes) -> asyncio.Future[bytes | None]:
+        """``await backend.aget(op_id, key)``: the key's current value, without blocking the event loop.
+
+        Every aget made before the loop next runs its callbacks (as by tasks that each await one) shares one MultiGet;
+        local layers answer at once. A read sees every write this backend took before it was issued. Bad input raises here.
+        """
+        loop = asyncio.get_running_loop()
+        self._check_open()
+        k = self._read_key(op_id, key_bytes)
+        future: asyncio.Future[bytes | None] = loop.create_future()
+        with self._lock:
+            found, value = self._local(k)
+        if found:
+            future.set_result(value)
+            return future
+        batch = self._async_batches.get(loop)
+        if batch is None:
+            batch = self._async_batches[loop] = ([], [])
+            loop.call_soon(self._flush_async_batch, loop)
+        batch[0].append(k)
+        batch[1].append(future)
+        return future
+
+    def _flush_async_batch(self, loop: asyncio.AbstractEventLoop) -> None:
+        keys, futures = self._async_batches.pop(loop)
+
+        def resolve(values: list[bytes | None] | None, error: BaseException | None) -> None:
+            for i, future in enumerate(futures):
+                if future.done():  # cancelled by its awaiter
+                    continue
+                if error is not None:
+                    future.set_exception(error)
+                elif values is not None:
+                    future.set_result(values[i])
+
+        def deliver(values: list[bytes | None] | None, error: BaseException | None) -> None:
+            try:
+                loop.call_soon_threadsafe(resolve, values, error)
+            except RuntimeError:
+                pass  # the loop closed while the read was in flight: nobody awaits these futures any more
+
+        try:
+            self._reads().submit(keys, deliver, now=True)
+        except ClinkError as exc:
+            resolve(None, exc)
+
     # -- checkpoints --------------------------------------------------------------------------------
 
-    def _fold_into_cache(self, layer: Layer) -> None:
-        for k, v in layer.items():
+    def _fold_into_cache(self, layer: Delta) -> None:
+        """A released delta's per-key writes go to the read cache; the warm table never answers any key it wrote."""
+        warm = self._warm
+        if warm is not None and warm.mark_changed(*layer.key_columns()):
+            self._warm_stale = True
+        for k, v in layer.top.items():
             if k[1][:1] < b"\x80":  # operator state is every subtask's: after completion it reads what the pool merged
                 self._cache.store(k, v)
 
@@ -499,6 +688,10 @@ class RemoteReadBackend:
             self._read_checkpoint = complete_id
             self._read_etag = etag
             self._generation += 1
+        if self._warm_stale:  # so much changed since the warm table's checkpoint that loading this one pays
+            self._warm_stale = False
+            self._warm = None
+            self._start_warm_up(wait=False)
 
     def refresh_completion(self) -> int | None:
         """Ask the pool whether checkpoints this backend committed are complete yet; return the newest complete one."""
@@ -529,14 +722,14 @@ class RemoteReadBackend:
         with self._snapshot_lock:
             with self._lock:
                 shipping, self._shipping = self._delta, self._delta
-                self._delta, self._delta_bytes = {}, 0
+                self._delta = Delta()
                 operators = dict(self._operators)
-                for op_id, _ in shipping:
+                for op_id in shipping.op_ids():
                     operators.setdefault(op_id, "")
                 parent = self._parent_id
             try:
                 writer = snapshot.SnapshotArrowWriter(self.state_versions, changelog=True)
-                blob = writer.write_buffer(changelog_table(shipping))
+                blob = writer.write_buffer(shipping.changelog_table())
                 result = self._pool.commit_checkpoint(
                     self.job,
                     checkpoint_id,
@@ -550,15 +743,14 @@ class RemoteReadBackend:
             except BaseException as exc:
                 with self._lock:
                     merged = shipping
-                    merged.update(self._delta)  # newer writes win over the shipped ones
+                    merged.absorb_newer(self._delta)  # newer writes win over the shipped ones
                     self._delta = merged
-                    self._delta_bytes = sum(_entry_bytes(k, v) for k, v in merged.items())
-                    self._shipping = {}
+                    self._shipping = Delta()
                     if isinstance(exc, FencedError):
                         self.fenced = True
                 raise
             with self._lock:
-                self._shipping = {}
+                self._shipping = Delta()
                 self._parent_id = checkpoint_id
                 self._operators.update({o: u for o, u in operators.items() if u or o not in self._operators})
                 self._pending.append((checkpoint_id, shipping))
@@ -656,6 +848,8 @@ class RemoteReadBackend:
                 merged = dict(StateVersionMap.unpack(info.state_versions).items())
                 merged.update(self.state_versions.items())
                 self.state_versions = StateVersionMap(merged)
+            if self.config.warm_up != "off":
+                self._start_warm_up(wait=self.config.warm_up == "eager", info=info)
         return info
 
     def start_fresh(self, key_groups: tuple[int, int] | None = None) -> None:
@@ -676,22 +870,90 @@ class RemoteReadBackend:
         self.key_groups = key_groups
         self.epoch = epoch
         self.fenced = False
-        self._delta, self._delta_bytes, self._shipping, self._pending = {}, 0, {}, []
+        self._delta, self._shipping, self._pending = Delta(), Delta(), []
         self._cache.clear()
+        self._cache.max_bytes = max(0, int(self.config.cache_bytes))
         self._generation += 1
+        self._attempt += 1
+        self._warm, self._warm_stale = None, False
         self._read_checkpoint = base
         self._read_etag = etag
         self._parent_id = base or 0
 
+    # -- warm-up ------------------------------------------------------------------------------------
+
+    def _start_warm_up(self, wait: bool, info: CheckpointInfo | None = None) -> None:
+        """Load the range at the read checkpoint into a warm table: in a thread, or here when ``wait`` (lock held).
+
+        The table is installed at once, before any later checkpoint can complete, so every key such a checkpoint
+        changes is marked in it; its rows arrive scan by scan, each key group answering as soon as it is in.
+        """
+        checkpoint = self._read_checkpoint
+        if checkpoint is None or self.closed:
+            return
+        table = WarmTable(checkpoint, self.key_groups)
+        self._warm = table
+        args = (self._attempt, table, self._read_etag, info)
+        if wait:
+            self._lock.release()  # the scans run without the lock: reads and writes go on meanwhile
+            try:
+                self._warm_up(*args)
+            finally:
+                self._lock.acquire()
+            return
+        self._warm_thread = threading.Thread(target=self._warm_up, args=args, name=f"clink-warm-{self.job}", daemon=True)
+        self._warm_thread.start()
+
+    def _warm_current(self, attempt: int, table: WarmTable) -> bool:
+        return self._attempt == attempt and self._warm is table and not self.closed
+
+    def _warm_up(self, attempt: int, table: WarmTable, etag: str, info: CheckpointInfo | None) -> None:
+        """Plan which key groups fit the cache and scan them; a failure leaves what arrived answering, the rest to the pool."""
+        try:
+            if info is None or info.checkpoint_id != table.base:
+                info, _ = self._pool.describe_checkpoint(self.job, table.base)
+            lo, hi = table.key_groups
+            group_bytes = info.key_group_bytes
+            operator_bytes = info.operator_state_bytes
+            if len(group_bytes) != NUM_KEY_GROUPS:  # a pool from before key_group_bytes: assume the bytes spread evenly
+                group_bytes, operator_bytes = (info.total_bytes // NUM_KEY_GROUPS,) * NUM_KEY_GROUPS, 0
+            budget = max(0, int(self.config.cache_bytes))
+            plan = plan_warm_up(lo, hi, group_bytes, operator_bytes, budget, list(self._reads_by_group))
+            with self._lock:
+                if not self._warm_current(attempt, table):
+                    return
+                table.set_plan(plan)
+                # the warm table takes its share of the cache; the LRU keeps the rest (and at least an eighth)
+                self._cache.max_bytes = max(budget - plan.expected_bytes, budget // 8)
+            for i, (chunk_lo, chunk_hi) in enumerate(plan.chunks):
+                if not self._warm_current(attempt, table):
+                    return
+                blob = self._pool.scan_checkpoint(self.job, table.base, key_groups=(chunk_lo, chunk_hi), manifest_etag=etag)
+                rows = table_of_scan(blob)
+                del blob
+                table.add_scan(chunk_lo, chunk_hi, rows, first=i == 0)
+            table.finish()
+        except BaseException as exc:
+            table.fail(exc)
+
+    def wait_warm(self, timeout_s: float | None = None) -> bool:
+        """Wait until a background warm-up has loaded (or failed); True when none is still loading."""
+        thread = self._warm_thread
+        if thread is not None:
+            thread.join(timeout_s)
+        warm = self._warm
+        return warm is None or warm.state != "loading"
+
     # -- export -------------------------------------------------------------------------------------
 
-    def _local_changes(self) -> Layer:
-        merged: Layer = {}
-        for _, layer in self._pending:
-            merged.update(layer)
-        merged.update(self._shipping)
-        merged.update(self._delta)
-        return merged
+    def _local_changes(self) -> pa.Table:
+        """Every write not yet in the read checkpoint, as one changelog (oldest first, so the newest write of a key wins)."""
+        tables = [layer.changelog_table() for layer in (*(d for _, d in self._pending), self._shipping, self._delta) if layer]
+        if not tables:
+            return snapshot.empty_table(changelog=True)
+        if len(tables) == 1:
+            return tables[0]
+        return snapshot.replay_changelog(pa.concat_tables(tables))
 
     def export_arrow_snapshot(self) -> bytes:
         """The canonical snapshot stream of this range: the pool's scan with every local change overlaid."""
@@ -700,7 +962,7 @@ class RemoteReadBackend:
     def _export(self) -> bytes:
         self._check_open()
         with self._lock:
-            changes = changelog_table(self._local_changes())
+            changes = self._local_changes()
             checkpoint = self._read_checkpoint
             ttl_slots = set(self._ttl_slots)
         lo, hi = self.key_groups

@@ -22,6 +22,7 @@ from client.errors import (
 )
 from protos import remote_pool_pb2 as pb
 from protos import remote_pool_pb2_grpc as pb_grpc
+from snapshot.keys import NUM_KEY_GROUPS
 from snapshot.names import validate_job
 
 KeyGroups = tuple[int, int]
@@ -152,6 +153,15 @@ class CheckpointInfo:
     manifest_etag: str = ""
     # a complete checkpoint a rewind left behind: never the latest, and never restored from by default
     abandoned: bool = False
+    # stored bytes of keyed rows per key group 0..127 (empty from older pools, and for incomplete checkpoints)
+    key_group_bytes: tuple[int, ...] = ()
+    operator_state_bytes: int = 0
+
+    def range_bytes(self, lo: int, hi: int) -> int | None:
+        """Stored bytes a reader of key groups lo..hi fetches (its keyed rows and all operator state); None if not reported."""
+        if len(self.key_group_bytes) != NUM_KEY_GROUPS:
+            return None
+        return sum(self.key_group_bytes[lo : hi + 1]) + self.operator_state_bytes
 
 
 @dataclass(frozen=True)
@@ -227,6 +237,8 @@ def _info(msg: pb.CheckpointInfo) -> CheckpointInfo:
         state_versions=msg.state_versions,
         manifest_etag=msg.manifest_etag,
         abandoned=msg.abandoned,
+        key_group_bytes=tuple(msg.key_group_bytes),
+        operator_state_bytes=msg.operator_state_bytes,
     )
 
 

@@ -91,6 +91,9 @@ class CheckpointInfo:
     manifest_etag: str = ""
     # a complete checkpoint a rewind left behind (made by an older attempt after some writer's restore point)
     abandoned: bool = False
+    # stored bytes of keyed rows per key group (128 entries; empty for incomplete checkpoints) and of operator state
+    key_group_bytes: tuple[int, ...] = ()
+    operator_state_bytes: int = 0
 
 
 @dataclass(frozen=True)

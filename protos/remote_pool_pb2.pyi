@@ -69,7 +69,7 @@ class CommitChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[CommitHeader, _Mapping]] = ..., delta: _Optional[bytes] = ...) -> None: ...
 
 class CheckpointInfo(_message.Message):
-    __slots__ = ("job", "checkpoint_id", "parent_id", "complete", "committed_ranges", "created_at_ms", "num_files", "total_bytes", "num_rows", "operators", "state_versions", "manifest_etag", "abandoned")
+    __slots__ = ("job", "checkpoint_id", "parent_id", "complete", "committed_ranges", "created_at_ms", "num_files", "total_bytes", "num_rows", "operators", "state_versions", "manifest_etag", "abandoned", "key_group_bytes", "operator_state_bytes")
     JOB_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,8 @@ class CheckpointInfo(_message.Message):
     STATE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_ETAG_FIELD_NUMBER: _ClassVar[int]
     ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    KEY_GROUP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     job: str
     checkpoint_id: int
     parent_id: int
@@ -96,7 +98,9 @@ class CheckpointInfo(_message.Message):
     state_versions: str
     manifest_etag: str
     abandoned: bool
-    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., complete: _Optional[bool] = ..., committed_ranges: _Optional[_Iterable[_Union[KeyGroupRange, _Mapping]]] = ..., created_at_ms: _Optional[int] = ..., num_files: _Optional[int] = ..., total_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ..., state_versions: _Optional[str] = ..., manifest_etag: _Optional[str] = ..., abandoned: _Optional[bool] = ...) -> None: ...
+    key_group_bytes: _containers.RepeatedScalarFieldContainer[int]
+    operator_state_bytes: int
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., complete: _Optional[bool] = ..., committed_ranges: _Optional[_Iterable[_Union[KeyGroupRange, _Mapping]]] = ..., created_at_ms: _Optional[int] = ..., num_files: _Optional[int] = ..., total_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ..., state_versions: _Optional[str] = ..., manifest_etag: _Optional[str] = ..., abandoned: _Optional[bool] = ..., key_group_bytes: _Optional[_Iterable[int]] = ..., operator_state_bytes: _Optional[int] = ...) -> None: ...
 
 class CommitCheckpointResponse(_message.Message):
     __slots__ = ("checkpoint", "bytes_written", "repeated")

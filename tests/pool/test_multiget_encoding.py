@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pool.wire import encode_multi_get_response
 from protos import remote_pool_pb2 as pb
-from store.key_index import KeyIndex, hash_keys
+from snapshot.key_index import KeyIndex, hash_keys
 
 values_lists = st.one_of(
     st.lists(st.binary(max_size=40), max_size=60),  # mixed widths, empty values among them

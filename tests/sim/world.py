@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import snapshot as s
 from client.backend import BackendConfig, RemoteReadBackend
+from client.delta import MISSING
 from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.lifecycle import Lifecycle, LifecycleConfig
@@ -589,7 +590,7 @@ class World:
             if k[0] < 128:
                 continue
             layers = [b._delta, b._shipping, *(layer for _, layer in reversed(b._pending))]
-            local = next((layer[(op, k)] for layer in layers if (op, k) in layer), "pool")
+            local = next((v for layer in layers if (v := layer.get((op, k))) is not MISSING), "pool")
             if local != "pool":
                 expected[k] = local  # this subtask's own write, not yet in a checkpoint it knows complete
             elif b.read_checkpoint:

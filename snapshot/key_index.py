@@ -23,6 +23,24 @@ def _position_multipliers(length: int) -> np.ndarray:
     return _multipliers
 
 
+_U64 = (1 << 64) - 1
+
+
+def _mix64_int(h: int) -> int:
+    """_mix64 on one Python int (the scalar path of a point read)."""
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _U64
+    return h ^ (h >> 31)
+
+
+def hash_key(op_id: int, key: bytes) -> int:
+    """hash_keys of one (op_id, key), as a Python int: the same value, without building arrays."""
+    n = len(key)
+    sums = int(np.frombuffer(key, dtype=np.uint8).astype(np.uint64) @ _position_multipliers(n)[:n]) if n else 0
+    h = sums ^ ((n * 0x9E3779B97F4A7C15) & _U64)
+    return _mix64_int(h ^ _mix64_int(op_id & _U64))
+
+
 def _mix64(h: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser: spreads every input bit over the output."""
     with np.errstate(over="ignore"):
@@ -71,6 +89,20 @@ def hash_keys(op_ids: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarra
     return out
 
 
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """A column as one array: its only chunk as it is (combine_chunks copies even one chunk), else combined."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _offsets_and_data(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A binary array's offsets (int64, relative to its slice) and its data bytes, as numpy views."""
+    n = len(array)
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=n + 1, offset=array.offset * 4).astype(np.int64)
+    raw = array.buffers()[2]
+    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
+    return offsets, data
+
+
 @dataclass(frozen=True)
 class KeyIndex:
     """Rows of some segments in one contiguous table, with their (op_id, key) hashes sorted for np.searchsorted."""
@@ -80,25 +112,34 @@ class KeyIndex:
     order: np.ndarray
 
     @classmethod
-    def build(cls, table: pa.Table) -> KeyIndex:
-        """Hash every row once (vectorised) and sort the hashes."""
-        table = table.combine_chunks()
+    def build(cls, table: pa.Table, copy: bool = True) -> KeyIndex:
+        """Hash every row once (vectorised) and sort the hashes.
+
+        ``copy=False`` keeps a table whose columns are one chunk each as it is (its buffers may be a larger blob's).
+        """
+        if copy or any(c.num_chunks != 1 for c in table.columns):
+            table = table.combine_chunks()
         hashes = hash_keys(table.column("op_id").to_numpy(), table.column("key_bytes"))
         order = np.argsort(hashes, kind="stable")
         return cls(table, hashes[order], order)
 
     @cached_property
     def _keys(self) -> pa.Array:
-        return self.table.column("key_bytes").combine_chunks()
+        return _one_chunk(self.table.column("key_bytes"))
 
     @cached_property
     def _ops(self) -> np.ndarray:
-        return self.table.column("op_id").combine_chunks().to_numpy(zero_copy_only=False)
+        return _one_chunk(self.table.column("op_id")).to_numpy(zero_copy_only=False)
 
     @cached_property
     def values(self) -> pa.Array:
         """The value column as one array (the table is contiguous, so no copy)."""
-        return self.table.column("value_bytes").combine_chunks()
+        return _one_chunk(self.table.column("value_bytes"))
+
+    def prepare(self) -> KeyIndex:
+        """Build the lazily built parts now (bucket starts, column views), so a first read pays none of it."""
+        _ = self._bucket_starts, self._scalar_views
+        return self
 
     @property
     def _bucket_bits(self) -> int:
@@ -135,6 +176,37 @@ class KeyIndex:
         """Bytes held (table buffers and the index arrays, the bucket starts included)."""
         starts = ((1 << self._bucket_bits) + 1) * (4 if len(self.hashes) < 2**31 else 8)
         return self.table.get_total_buffer_size() + self.hashes.nbytes + self.order.nbytes + starts
+
+    @cached_property
+    def _scalar_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Zero-copy numpy views of the sorted hashes' order, op ids, key offsets and bytes, value offsets and bytes."""
+        keys, values = self._keys, self.values
+        return (self.order, self._ops, *_offsets_and_data(keys), *_offsets_and_data(values))
+
+    def find_one(self, op_id: int, key: bytes, key_hash: int | None = None) -> int:
+        """Row of one (op_id, key), -1 if absent: the scalar path of ``find`` (no arrays built, a few array reads)."""
+        n = len(self.hashes)
+        if n == 0:
+            return -1
+        h = hash_key(op_id, key) if key_hash is None else key_hash
+        bits = self._bucket_bits
+        starts, hashes = self._bucket_starts, self.hashes
+        bucket = h >> (64 - bits)
+        slot, end = int(starts[bucket]), int(starts[bucket + 1])
+        while slot < end and int(hashes[slot]) < h:
+            slot += 1
+        order, ops, key_offsets, key_data, _, _ = self._scalar_views
+        while slot < n and int(hashes[slot]) == h:
+            row = int(order[slot])
+            if int(ops[row]) == op_id and key_data[key_offsets[row] : key_offsets[row + 1]].tobytes() == key:
+                return row
+            slot += 1
+        return -1
+
+    def value_at(self, row: int) -> bytes:
+        """The value bytes of one row."""
+        offsets, data = self._scalar_views[4:]
+        return data[offsets[row] : offsets[row + 1]].tobytes()
 
     def find(self, q_hashes: np.ndarray, q_keys: pa.Array, q_ops: np.ndarray) -> np.ndarray:
         """Row of each query in the table, -1 if absent; equal hashes are confirmed by comparing the keys."""

@@ -1,0 +1,198 @@
+"""The warm table: a backend's key groups at its restore checkpoint, loaded in bulk after a restore to answer reads locally."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+import snapshot
+from snapshot import NUM_KEY_GROUPS
+from snapshot.key_index import KeyIndex, hash_key, hash_keys
+
+WARM_MODES = ("auto", "off", "eager")
+# the index arrays a warm table holds beside the rows: sorted hashes and their order (8 + 8 bytes a row)
+INDEX_BYTES_PER_ROW = 16
+# at most this many key groups' bytes per ScanCheckpoint, so the scan's bytes and their decoded copy stay small
+MIN_CHUNK_BYTES = 2 << 20
+CHUNKS_PER_RANGE = 8
+# when this share of the table has been rewritten since its checkpoint, it answers too little: load it again
+REWARM_STALE_SHARE = 0.25
+
+
+def check_warm_mode(mode: str) -> str:
+    """The warm-up setting, or InvalidArgumentError naming the choices."""
+    if mode not in WARM_MODES:
+        raise snapshot.InvalidArgumentError(f"warm_up must be one of {', '.join(WARM_MODES)}; got {mode!r}")
+    return mode
+
+
+@dataclass(frozen=True)
+class WarmPlan:
+    """Which key groups to load, in which scans, and what they are expected to hold."""
+
+    groups: tuple[int, ...]  # ascending
+    chunks: tuple[tuple[int, int], ...]  # contiguous (lo, hi) scans
+    expected_bytes: int
+    range_bytes: int
+    state: str  # "full", "partial" or "none"
+
+
+def plan_warm_up(
+    lo: int, hi: int, key_group_bytes: Sequence[int], operator_bytes: int, budget: int, reads_by_group: Sequence[int]
+) -> WarmPlan:
+    """Every key group of lo..hi when they fit ``budget``; else the most read ones that fit (key group order on ties).
+
+    Operator state comes with the first scan and counts against the budget.
+    """
+    groups = list(range(lo, hi + 1))
+    per_group = [int(key_group_bytes[g]) for g in groups]
+    range_bytes = sum(per_group) + operator_bytes
+    if range_bytes <= budget:
+        chosen = groups
+        state = "full"
+    else:
+        room = budget - operator_bytes
+        chosen = []
+        for g in sorted(groups, key=lambda g: (-reads_by_group[g], g)):
+            if key_group_bytes[g] <= room:
+                chosen.append(g)
+                room -= key_group_bytes[g]
+        chosen.sort()
+        state = "partial" if chosen else "none"
+    expected = sum(int(key_group_bytes[g]) for g in chosen) + (operator_bytes if chosen else 0)
+    chunk_limit = max(MIN_CHUNK_BYTES, range_bytes // CHUNKS_PER_RANGE)
+    chunks: list[tuple[int, int]] = []
+    size = 0
+    for g in chosen:
+        if chunks and chunks[-1][1] == g - 1 and size + key_group_bytes[g] <= chunk_limit:
+            chunks[-1] = (chunks[-1][0], g)
+            size += int(key_group_bytes[g])
+        else:
+            chunks.append((g, g))
+            size = int(key_group_bytes[g])
+    return WarmPlan(tuple(chosen), tuple(chunks), expected, range_bytes, state)
+
+
+def format_groups(groups: Sequence[int]) -> str:
+    """Key groups as ranges: "0-31,40-47" ("" for none)."""
+    out: list[str] = []
+    start = prev = None
+    for g in groups:
+        if prev is not None and g == prev + 1:
+            prev = g
+            continue
+        if start is not None:
+            out.append(f"{start}-{prev}" if start != prev else f"{start}")
+        start = prev = g
+    if start is not None:
+        out.append(f"{start}-{prev}" if start != prev else f"{start}")
+    return ",".join(out)
+
+
+class WarmTable:
+    """A range's rows at checkpoint ``base``, by key group as their scans arrive; answers reads until a key changes.
+
+    Keys a later checkpoint of the backend changed are marked stale (by hash) and never answered here, so a read of
+    them goes on to the read cache or the pool. Operator state is every subtask's: answered only while the backend
+    still reads ``base``.
+    """
+
+    def __init__(self, base: int, key_groups: tuple[int, int]) -> None:
+        self.base = base
+        self.key_groups = key_groups
+        self.plan: WarmPlan | None = None  # set once the warm-up knows what fits
+        self._by_group: list[KeyIndex | None] = [None] * NUM_KEY_GROUPS
+        self._operator: KeyIndex | None = None
+        self._stale = np.zeros(0, dtype=np.uint64)
+        self._lock = threading.Lock()
+        self.rows = 0
+        self.bytes = 0
+        self.loaded_groups: list[int] = []
+        self.hits = 0
+        self.state = "loading"
+        self.error = ""
+
+    def set_plan(self, plan: WarmPlan) -> None:
+        """What will be loaded (nothing: the state says why)."""
+        self.plan = plan
+        if not plan.groups:
+            self.state = plan.state
+
+    @property
+    def range_bytes(self) -> int:
+        """Stored bytes of the whole range, as the checkpoint reported them (0 until planned)."""
+        return self.plan.range_bytes if self.plan is not None else 0
+
+    def add_scan(self, lo: int, hi: int, table: pa.Table, first: bool) -> None:
+        """Take one scan's rows of key groups lo..hi (and, from the first scan, the operator state)."""
+        table = table.select(["op_id", "key_bytes", "value_bytes"])
+        lead = snapshot.leading_bytes(table.column("key_bytes").combine_chunks()) if table.num_rows else np.zeros(0, np.uint8)
+        keyed = lead < NUM_KEY_GROUPS
+        keyed_rows = table if keyed.all() else table.filter(pa.array(keyed))
+        keyed_index = KeyIndex.build(keyed_rows, copy=False).prepare()
+        operator_index = KeyIndex.build(table.filter(pa.array(~keyed))).prepare() if first else None
+        with self._lock:
+            for g in range(lo, hi + 1):
+                self._by_group[g] = keyed_index
+            self.loaded_groups.extend(range(lo, hi + 1))
+            if operator_index is not None:
+                self._operator = operator_index
+            for index in (keyed_index, operator_index):
+                if index is not None:
+                    self.rows += len(index.hashes)
+                    self.bytes += index.table.get_total_buffer_size() + INDEX_BYTES_PER_ROW * len(index.hashes)
+
+    def finish(self) -> None:
+        """Every planned scan arrived."""
+        if self.plan is not None:
+            self.state = self.plan.state
+
+    def fail(self, error: BaseException) -> None:
+        """The load stopped: what arrived keeps answering; the rest goes to the pool."""
+        self.state = "failed"
+        self.error = f"{type(error).__name__}: {error}"
+
+    def lookup(self, key: tuple[int, bytes], read_checkpoint: int | None) -> tuple[bool, bytes | None]:
+        """(True, value or None when absent) for a key this table answers, else (False, None)."""
+        op_id, key_bytes = key
+        lead = key_bytes[0]
+        if lead < NUM_KEY_GROUPS:
+            index = self._by_group[lead]
+        elif read_checkpoint == self.base:
+            index = self._operator
+        else:
+            return False, None
+        if index is None:
+            return False, None
+        h = hash_key(op_id, key_bytes)
+        stale = self._stale
+        if stale.size:
+            i = int(np.searchsorted(stale, np.uint64(h)))
+            if i < stale.size and int(stale[i]) == h:
+                return False, None
+        row = index.find_one(op_id, key_bytes, h)
+        self.hits += 1
+        return True, (index.value_at(row) if row >= 0 else None)
+
+    def mark_changed(self, op_ids: np.ndarray, keys: pa.Array) -> bool:
+        """Keys a newer checkpoint of the backend holds: never answered here again. True when so many changed a reload pays."""
+        if len(keys):
+            hashes = hash_keys(op_ids, keys)
+            with self._lock:
+                self._stale = np.union1d(self._stale, hashes)
+        return self._stale.size > max(1024, REWARM_STALE_SHARE * self.rows)
+
+    @property
+    def stale_keys(self) -> int:
+        """Keys marked changed since ``base``."""
+        return int(self._stale.size)
+
+
+def table_of_scan(blob: bytes) -> pa.Table:
+    """The rows of a canonical scan stream (checked by the format reader)."""
+    table = snapshot.read_snapshot(blob).table
+    return table.replace_schema_metadata(None) if table.num_rows else table
