@@ -24,6 +24,7 @@ from snapshot import (
     overlay,
 )
 from snapshot.errors import InvalidArgumentError, NotFoundError
+from snapshot.key_index import KeyIndex, hash_keys
 from store.assembly import (
     Piece,
     apply_layer,
@@ -36,7 +37,6 @@ from store.assembly import (
     pieces_of_op_ids,
 )
 from store.datafile import DataFile, Segment, decode_segment, verify_file, verify_segment
-from snapshot.key_index import KeyIndex, hash_keys
 from store.layout import checkpoint_prefix, checkpoints_prefix, job_file_key, metadata_key, parse_job_key, writers_key
 from store.manifest import Manifest, Part, ordered_layers, parse_manifest
 from store.objects import ObjectStore, coalesce_ranges

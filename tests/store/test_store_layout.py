@@ -15,10 +15,10 @@ import snapshot as s
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange, PoolConfig
 from snapshot.errors import ChecksumMismatchError, CorruptDataError
+from snapshot.key_index import KeyIndex, hash_keys
 from store.assembly import assemble, overlay_pieces
 from store.checkpoint import CheckpointReader
 from store.datafile import KIND_DELTA, decode_segment, encode_datafile, sort_for_layout, verify_file, verify_segment
-from snapshot.key_index import KeyIndex, hash_keys
 from store.manifest import metadata_key, parse_manifest
 from store.segment_cache import SegmentCache
 from tests.pool_core_helpers import OP_IDS, commit, keyed, op_key, scan_dict
