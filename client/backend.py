@@ -931,6 +931,8 @@ class RemoteReadBackend:
                 blob = self._pool.scan_checkpoint(self.job, table.base, key_groups=(chunk_lo, chunk_hi), manifest_etag=etag)
                 rows = table_of_scan(blob)
                 del blob
+                if not self._warm_current(attempt, table):  # a restore came meanwhile: these rows are an older attempt's
+                    return
                 table.add_scan(chunk_lo, chunk_hi, rows, first=i == 0)
             table.finish()
         except BaseException as exc:

@@ -184,7 +184,7 @@ class WarmTable:
             hashes = hash_keys(op_ids, keys)
             with self._lock:
                 self._stale = np.union1d(self._stale, hashes)
-        return self._stale.size > max(1024, REWARM_STALE_SHARE * self.rows)
+        return self._stale.size > max(64, REWARM_STALE_SHARE * self.rows)
 
     @property
     def stale_keys(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import threading
@@ -305,7 +306,8 @@ def test_restore_is_lazy_and_reports_missing_operators_before_changing_anything(
     for i, k in enumerate(KEYS):
         counts.put(k[5:], i)
     b.snapshot(1)
-    fresh = RemoteReadBackend.connect(pool_address, job, (0, 127), FAST)
+    # warm-up off: this is about lazy reads (tests/client/test_warm_async_bulk.py covers the warm table)
+    fresh = RemoteReadBackend.connect(pool_address, job, (0, 127), dataclasses.replace(FAST, warm_up="off"))
     fresh.put(OP_COUNT, KEYS[0], b"unsaved")
     epoch = fresh.epoch
     with pytest.raises(MissingOperatorsError, match="'dedup'"):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import client.backend as backend_mod
+import client.warm as warm_mod
 import pool.compaction as compaction_mod
 import pool.gc as gc_mod
 import pool.lifecycle as lifecycle_mod
@@ -144,10 +145,28 @@ def _restore_keeps_its_epoch():  # defect 5: a restore in place keeps the old ep
 
 def _operator_writes_folded_into_cache():  # defect 7: after completion the backend serves its own operator-state write
     def fold(self, layer):
-        for k, v in layer.items():
+        warm = self._warm
+        if warm is not None and warm.mark_changed(*layer.key_columns()):
+            self._warm_stale = True
+        for k, v in layer.top.items():
             self._cache.store(k, v)
 
     with patched(backend_mod.RemoteReadBackend, "_fold_into_cache", fold):
+        yield
+
+
+def _warm_table_keeps_changed_keys():  # issue 15: keys a later checkpoint changed are still answered from the warm table
+    with patched(warm_mod.WarmTable, "mark_changed", lambda self, op_ids, keys: False):
+        yield
+
+
+def _warm_operator_state_after_moving_on():  # issue 15: the warm table answers operator state of a checkpoint left behind
+    real = warm_mod.WarmTable.lookup
+
+    def lookup(self, key, read_checkpoint):
+        return real(self, key, self.base)
+
+    with patched(warm_mod.WarmTable, "lookup", lookup):
         yield
 
 
@@ -252,6 +271,8 @@ MUTANTS: dict[str, Callable[[], object]] = {
     "no_restore_records": _no_restore_records,
     "compaction_forgets_retired_files": _compaction_forgets_retired_files,
     "restore_from_vanished_checkpoint": _restore_from_vanished_checkpoint,
+    "warm_table_keeps_changed_keys": _warm_table_keeps_changed_keys,
+    "warm_operator_state_after_moving_on": _warm_operator_state_after_moving_on,
 }
 
 

@@ -174,6 +174,7 @@ class World:
             "compactions": 0,
             "crashes": 0,
             "reads": 0,
+            "warm_reads": 0,
         }
         self.max_actors = self.rng.randint(2, 5)
         # the workload's profile, drawn per seed so some seeds hammer what others barely touch
@@ -432,7 +433,9 @@ class World:
     def new_subtask(self, lo: int, hi: int, restored: bool = False) -> Subtask:
         """A new subtask process: it connects (taking an epoch) and, unless the job is new, restores before it works."""
         pool = self._local_pool()
-        backend = connect(pool, JOB, (lo, hi), BackendConfig(cache_bytes=self.rng.choice([0, 4096, 1 << 20])))
+        # warm-up "eager" loads inside restore, on the simulation's schedule; "auto" would load on a thread of its own
+        config = BackendConfig(cache_bytes=self.rng.choice([0, 2048, 4096, 1 << 20]), warm_up=self.rng.choice(["off", "eager", "eager"]))
+        backend = connect(pool, JOB, (lo, hi), config)
         for uid in ("counter", "window"):
             backend.register_operator(uid)
         self.next_uid += 1
@@ -616,6 +619,8 @@ class World:
                         f"(its own writes, else checkpoint {sub.backend.read_checkpoint})"
                     )
 
+        if b.cache_stats["warm_rows"]:
+            self.stats["warm_reads"] += 1  # a read the warm table may answer: what the warm mutants are caught by
         self.launch(f"read-{sub.uid}", lambda: sub.backend.get_many(op, keys), done, sub)
 
     def on_crash(self, sub: Subtask) -> None:
