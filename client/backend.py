@@ -47,6 +47,8 @@ class BackendConfig(PoolClientConfig):
     warm_up: str = "auto"
     # asynchronous reads (get_async, aget) issued within this window of the first one share one MultiGet
     read_batch_window_s: float = 0.0002
+    # ...of at most this many keys (a full batch is sent at once; one MultiGet costs far less than several)
+    read_batch_keys: int = 4096
 
     def pool_client_config(self) -> PoolClientConfig:
         """The PoolClientConfig these settings imply."""
@@ -102,9 +104,8 @@ class _LruCache:
         self.misses = 0
 
     def lookup(self, key: StateKey) -> tuple[bool, bytes | None]:
-        try:
-            value = self._entries[key]
-        except KeyError:
+        value = self._entries.get(key, _MISSING)  # not [] and KeyError: a miss is the common case after a restore
+        if value is _MISSING:
             self.misses += 1
             return False, None
         self._entries.move_to_end(key)
@@ -215,6 +216,8 @@ class RemoteReadBackend:
         check_warm_mode(config.warm_up)
         if not config.read_batch_window_s >= 0:
             raise InvalidArgumentError(f"read_batch_window_s must be >= 0, got {config.read_batch_window_s!r}")
+        if not isinstance(config.read_batch_keys, int) or config.read_batch_keys < 1:
+            raise InvalidArgumentError(f"read_batch_keys must be a positive int, got {config.read_batch_keys!r}")
         self.epoch = 0
         self._lock = threading.RLock()
         self._snapshot_lock = threading.Lock()
@@ -465,14 +468,18 @@ class RemoteReadBackend:
 
     # -- reads --------------------------------------------------------------------------------------
 
-    def _local(self, k: StateKey) -> tuple[bool, bytes | None]:
-        """Look a key up in the delta, the shipping delta, pending deltas (newest first), the cache, then the warm table."""
+    def _local(self, k: StateKey, above_warm: bool = False) -> tuple[bool, bytes | None]:
+        """Look a key up in the delta, the shipping delta, pending deltas (newest first), the cache, then the warm table.
+
+        ``above_warm``: stop before the warm table (get_many asks it for all its misses at once).
+        """
         v = self._delta.get(k)
         if v is not _MISSING:
             return True, v
-        v = self._shipping.get(k)
-        if v is not _MISSING:
-            return True, v
+        if self._shipping:
+            v = self._shipping.get(k)
+            if v is not _MISSING:
+                return True, v
         for _, layer in reversed(self._pending):
             v = layer.get(k)
             if v is not _MISSING:
@@ -483,7 +490,7 @@ class RemoteReadBackend:
         if found:
             return found, value
         warm = self._warm
-        if warm is not None:
+        if warm is not None and not above_warm:
             return warm.lookup(k, self._read_checkpoint)
         return False, None
 
@@ -566,11 +573,18 @@ class RemoteReadBackend:
         miss_idx: list[int] = []
         with self._lock:
             for i, k in enumerate(ks):
-                found, value = self._local(k)
+                found, value = self._local(k, above_warm=True)
                 if found:
                     out[i] = value
                 else:
                     miss_idx.append(i)
+            warm = self._warm
+            if warm is not None and miss_idx:
+                answers = warm.lookup_many([ks[i] for i in miss_idx], self._read_checkpoint)
+                if answers:
+                    for j, value in answers.items():
+                        out[miss_idx[j]] = value
+                    miss_idx = [i for j, i in enumerate(miss_idx) if j not in answers]
         if miss_idx:
             fetched = self._fetch_from_pool([ks[i] for i in miss_idx])
             for i, value in zip(miss_idx, fetched, strict=True):
@@ -583,7 +597,9 @@ class RemoteReadBackend:
         with self._lock:
             self._check_open()
             if self._coalescer is None:
-                self._coalescer = ReadCoalescer(self._fetch_from_pool, self.config.read_batch_window_s, name=f"clink-reads-{self.job}")
+                self._coalescer = ReadCoalescer(
+                    self._fetch_from_pool, self.config.read_batch_window_s, self.config.read_batch_keys, name=f"clink-reads-{self.job}"
+                )
             return self._coalescer
 
     def get_async(self, op_id: int, key_bytes: bytes) -> Future[bytes | None]:
@@ -628,13 +644,18 @@ class RemoteReadBackend:
         batch = self._async_batches.get(loop)
         if batch is None:
             batch = self._async_batches[loop] = ([], [])
-            loop.call_soon(self._flush_async_batch, loop)
+            loop.call_soon(self._flush_async_batch, loop, batch)
         batch[0].append(k)
         batch[1].append(future)
+        if len(batch[0]) >= self.config.read_batch_keys:  # a full batch goes now: its fetch overlaps the reads still coming
+            self._flush_async_batch(loop, batch)
         return future
 
-    def _flush_async_batch(self, loop: asyncio.AbstractEventLoop) -> None:
-        keys, futures = self._async_batches.pop(loop)
+    def _flush_async_batch(self, loop: asyncio.AbstractEventLoop, batch: tuple[list[StateKey], list[asyncio.Future]]) -> None:
+        if self._async_batches.get(loop) is not batch:
+            return  # flushed already (it filled up)
+        del self._async_batches[loop]
+        keys, futures = batch
 
         def resolve(values: list[bytes | None] | None, error: BaseException | None) -> None:
             for i, future in enumerate(futures):

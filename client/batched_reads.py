@@ -8,31 +8,32 @@ from collections.abc import Callable
 
 from client.errors import InvalidArgumentError
 
+FETCH_THREADS = 1
 Deliver = Callable[[list, BaseException | None], None]
 Fetch = Callable[[list], list]
 
-# a batch closes early at this many keys (the pool client splits larger MultiGets anyway)
-MAX_BATCH_KEYS = 4096
-
 
 class ReadCoalescer:
-    """Queued reads, fetched by one thread: the first read of a batch waits ``window_s`` for others, then all go at once.
+    """Queued reads, fetched by one thread: a batch's first read waits ``window_s`` for others (up to ``max_keys``).
 
-    While a fetch is in flight the next batch gathers, so under load batches grow on their own (as group commit does).
-    Each submitter's ``deliver(values, error)`` is called once, on the coalescer's thread.
+    While fetches are in flight the next batch gathers, so under load batches grow on their own (as group commit does).
+    Each submitter's ``deliver(values, error)`` is called once, on a coalescer thread.
     """
 
-    def __init__(self, fetch: Fetch, window_s: float, name: str = "clink-reads") -> None:
+    def __init__(self, fetch: Fetch, window_s: float, max_keys: int, name: str = "clink-reads") -> None:
         self._fetch = fetch
         self._window_s = window_s
+        self._max_keys = max_keys
         self._queue: list[tuple[list, Deliver]] = []
         self._queued_keys = 0
         self._closed = False
         self._urgent = False
         self._cond = threading.Condition()
         self.batches = 0  # fetches made (each one MultiGet call of the backend)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        # one fetch in flight: a second MultiGet beside it costs more (per call, and in the GIL) than waiting for the first
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(FETCH_THREADS)]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, keys: list, deliver: Deliver, now: bool = False) -> None:
         """Queue keys; ``deliver`` gets their values in order, or the error of their fetch.
@@ -51,9 +52,10 @@ class ReadCoalescer:
         """Stop; reads still queued are failed (the backend that owns them is closed)."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
+            self._cond.notify_all()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5)
 
     def _take(self) -> list[tuple[list, Deliver]] | None:
         with self._cond:
@@ -65,12 +67,20 @@ class ReadCoalescer:
                     deliver([], InvalidArgumentError("the backend was closed before this read was answered"))
                 return None
             deadline = time.monotonic() + self._window_s
-            while self._queued_keys < MAX_BATCH_KEYS and not self._closed and not self._urgent:
+            while self._queued_keys < self._max_keys and not self._closed and not self._urgent:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            batch, self._queue, self._queued_keys, self._urgent = self._queue, [], 0, False
+            taken, keys = 0, 0
+            while taken < len(self._queue) and (keys < self._max_keys or not taken):
+                keys += len(self._queue[taken][0])
+                taken += 1
+            batch, self._queue = self._queue[:taken], self._queue[taken:]
+            self._queued_keys -= keys
+            self._urgent = self._urgent and bool(self._queue)
+            if self._queue:
+                self._cond.notify()  # more is queued: another fetch thread takes it
             return batch
 
     def _run(self) -> None:

@@ -78,11 +78,10 @@ class ArrowRun:
 
     @cached_property
     def _index(self) -> KeyIndex:
-        """The hash index, newest row first among equal hashes (so the last write of a key is the one found)."""
+        """The hash index of the run's rows (a key written twice is found at its last row: ``find_one(last=True)``)."""
         table = self.changelog
-        n = table.num_rows
         hashes = hash_keys(table.column("op_id").to_numpy(), table.column("key_bytes"))
-        order = (n - 1) - np.argsort(hashes[::-1], kind="stable")  # ties: the higher (newer) row first
+        order = np.argsort(hashes)
         return KeyIndex(table.select(["op_id", "key_bytes", "value_bytes"]), hashes[order], order)
 
     @cached_property
@@ -96,7 +95,7 @@ class ArrowRun:
         if not self.rows:
             return MISSING
         index = self._index
-        row = index.find_one(key[0], key[1])
+        row = index.find_one(key[0], key[1], last=True)
         if row < 0:
             return MISSING
         erased = self._erase_mask

@@ -178,6 +178,40 @@ class WarmTable:
         self.hits += 1
         return True, (index.value_at(row) if row >= 0 else None)
 
+    def lookup_many(self, ks: Sequence[tuple[int, bytes]], read_checkpoint: int | None) -> dict[int, bytes | None]:
+        """``lookup`` of many keys at once, vectorised per scan: {position in ks: value (None: absent)} of those it answers."""
+        n = len(ks)
+        answers: dict[int, bytes | None] = {}
+        if n == 0:
+            return answers
+        ops = np.fromiter((k[0] for k in ks), dtype=np.uint64, count=n)
+        keys = pa.array([k[1] for k in ks], pa.binary())
+        lead = snapshot.leading_bytes(keys)
+        by_index: dict[int, tuple[KeyIndex, list[int]]] = {}
+        for i, g in enumerate(lead.tolist()):
+            index = self._by_group[g] if g < NUM_KEY_GROUPS else (self._operator if read_checkpoint == self.base else None)
+            if index is not None:
+                by_index.setdefault(id(index), (index, []))[1].append(i)
+        if not by_index:
+            return answers
+        hashes = hash_keys(ops, keys)
+        stale = self._stale
+        for index, positions in by_index.values():
+            pos = np.asarray(positions, dtype=np.int64)
+            if stale.size:
+                at = np.minimum(np.searchsorted(stale, hashes[pos]), stale.size - 1)
+                pos = pos[stale[at] != hashes[pos]]
+            if not pos.size:
+                continue
+            rows = index.find(hashes[pos], keys.take(pa.array(pos)), ops[pos])
+            present = rows >= 0
+            values = index.values.take(pa.array(rows[present])).to_pylist() if present.any() else []
+            found = iter(values)
+            for p, hit in zip(pos.tolist(), present.tolist(), strict=True):
+                answers[p] = next(found) if hit else None
+        self.hits += len(answers)
+        return answers
+
     def mark_changed(self, op_ids: np.ndarray, keys: pa.Array) -> bool:
         """Keys a newer checkpoint of the backend holds: never answered here again. True when so many changed a reload pays."""
         if len(keys):

@@ -183,8 +183,11 @@ class KeyIndex:
         keys, values = self._keys, self.values
         return (self.order, self._ops, *_offsets_and_data(keys), *_offsets_and_data(values))
 
-    def find_one(self, op_id: int, key: bytes, key_hash: int | None = None) -> int:
-        """Row of one (op_id, key), -1 if absent: the scalar path of ``find`` (no arrays built, a few array reads)."""
+    def find_one(self, op_id: int, key: bytes, key_hash: int | None = None, last: bool = False) -> int:
+        """Row of one (op_id, key), -1 if absent: the scalar path of ``find`` (no arrays built, a few array reads).
+
+        ``last``: of a key the table holds more than once, its highest row (a changelog's newest write).
+        """
         n = len(self.hashes)
         if n == 0:
             return -1
@@ -196,12 +199,15 @@ class KeyIndex:
         while slot < end and int(hashes[slot]) < h:
             slot += 1
         order, ops, key_offsets, key_data, _, _ = self._scalar_views
+        found = -1
         while slot < n and int(hashes[slot]) == h:
             row = int(order[slot])
             if int(ops[row]) == op_id and key_data[key_offsets[row] : key_offsets[row + 1]].tobytes() == key:
-                return row
+                if not last:
+                    return row
+                found = max(found, row)
             slot += 1
-        return -1
+        return found
 
     def value_at(self, row: int) -> bytes:
         """The value bytes of one row."""

@@ -161,12 +161,15 @@ def _warm_table_keeps_changed_keys():  # issue 15: keys a later checkpoint chang
 
 
 def _warm_operator_state_after_moving_on():  # issue 15: the warm table answers operator state of a checkpoint left behind
-    real = warm_mod.WarmTable.lookup
+    real, real_many = warm_mod.WarmTable.lookup, warm_mod.WarmTable.lookup_many
 
     def lookup(self, key, read_checkpoint):
         return real(self, key, self.base)
 
-    with patched(warm_mod.WarmTable, "lookup", lookup):
+    def lookup_many(self, ks, read_checkpoint):
+        return real_many(self, ks, self.base)
+
+    with patched(warm_mod.WarmTable, "lookup", lookup), patched(warm_mod.WarmTable, "lookup_many", lookup_many):
         yield
 
 
