@@ -556,9 +556,10 @@ class RemoteReadBackend:
         self._adopt(checkpoint, etag)
         with self._lock:
             cache_ok = generation == self._generation
+            written = self._delta or self._shipping or self._pending  # else no key can be held locally: skip the look
             for i, value in zip(ask, fetched, strict=True):
                 out[i] = value
-                if cache_ok and not self._local_layers_hold(ks[i]):
+                if cache_ok and not (written and self._local_layers_hold(ks[i])):
                     self._cache.store(ks[i], value)
         return out
 

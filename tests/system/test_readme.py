@@ -118,6 +118,7 @@ def blocks() -> dict[str, tuple[str, str]]:
         "command-1": "bash",
         "pool": "bash",
         "worker": "python",
+        "bulk": "python",
         "s3": "bash",
     }
     for tool in ("clink", "clink-pool", "python"):
@@ -156,6 +157,19 @@ def test_the_worker_example_runs_on_an_empty_pool_and_again_after_a_restart(bloc
     assert "restored checkpoint 1" in second and "count of 'be': 4" in second
     assert "raw 'to', 'kiwi': [4, None]" in second and "checkpoint 2 complete: True" in second
     assert (tmp_path / "pool-data" / "jobs" / "orders" / "chk-2" / "_metadata").is_file()  # ./pool-data: serve's default store
+
+
+def test_the_bulk_write_and_asynchronous_read_example_runs(blocks, tmp_path) -> None:
+    (serve,) = commands(blocks["pool"][1])
+    bulk = blocks["bulk"][1]
+    assert README_ADDRESS in bulk
+    address = f"127.0.0.1:{free_port()}"
+    with serving(serve, address, tmp_path):
+        (tmp_path / "bulk.py").write_text(bulk.replace(README_ADDRESS, address))
+        done = _shell("python bulk.py", tmp_path, user_env(), timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stdout + done.stderr
+    for line in ("checkpoint complete: True", "warm: full 10000 rows", "get_async: b'7'", "aget: [b'0', b'1', b'2']"):
+        assert line in done.stdout, done.stdout
 
 
 def test_the_s3_section_runs_against_moto(blocks, tmp_path, moto_endpoint: str) -> None:
