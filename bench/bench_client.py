@@ -65,8 +65,8 @@ def load_state(address: str, job: str, rows: int) -> None:
         assert result.checkpoint.complete
 
 
-def restore_to_first_read(store_root: Path, jobs: dict[str, int], trials: int) -> dict[str, list[tuple[float, float]]]:
-    """Seconds of restore() and of the first served read after it, per trial and job.
+def restore_to_first_read(store_root: Path, jobs: dict[str, int], trials: int, warm_up: str) -> dict[str, list[tuple[float, float]]]:
+    """Seconds of restore() and of the first served read after it, per trial and job, with the given warm-up setting.
 
     Every trial starts a fresh (cold) pool; the jobs' trials are interleaved so drift hits both alike; one warm-up is dropped.
     """
@@ -75,7 +75,7 @@ def restore_to_first_read(store_root: Path, jobs: dict[str, int], trials: int) -
         for job, rows in jobs.items():
             server = PoolServer(PoolServerConfig(listen="127.0.0.1:0", grace_seconds=0), store=FileStore(store_root)).start()
             try:
-                with RemoteReadBackend.connect(server.address, job, (0, 127), BackendConfig()) as backend:
+                with RemoteReadBackend.connect(server.address, job, (0, 127), BackendConfig(warm_up=warm_up)) as backend:
                     probe = (trial * 7919 + 13) % rows
                     gc.collect()
                     gc.disable()  # a collection inside the timed window would be noise, not restore cost
@@ -94,12 +94,15 @@ def restore_to_first_read(store_root: Path, jobs: dict[str, int], trials: int) -
 
 
 def get_many_vs_gets(address: str, job: str, rows: int, keys: int, repeats: int) -> dict[str, float]:
-    """1,000 keys: get_many against single get calls, from the read cache and cold from the pool."""
+    """1,000 keys: get_many against single get calls, from the read cache and cold from the pool.
+
+    Warm-up off: this compares the read cache and the pool's point reads (a warm table would answer the cold rounds).
+    """
     picks = np.random.default_rng(1).choice(rows, size=keys, replace=False)
     probe = [key_of(int(i)) for i in picks]
     out: dict[str, list[float]] = {"cached get x N": [], "cached get_many": [], "cold get x N": [], "cold get_many": []}
     for _ in range(repeats):
-        with RemoteReadBackend.connect(address, job, (0, 127), BackendConfig()) as singles:
+        with RemoteReadBackend.connect(address, job, (0, 127), BackendConfig(warm_up="off")) as singles:
             singles.restore()
             t0 = time.perf_counter()
             a = [singles.get(OP, k) for k in probe]
@@ -107,7 +110,7 @@ def get_many_vs_gets(address: str, job: str, rows: int, keys: int, repeats: int)
             t0 = time.perf_counter()
             a2 = [singles.get(OP, k) for k in probe]
             out["cached get x N"].append(time.perf_counter() - t0)
-        with RemoteReadBackend.connect(address, job, (0, 127), BackendConfig()) as batched:
+        with RemoteReadBackend.connect(address, job, (0, 127), BackendConfig(warm_up="off")) as batched:
             batched.restore()
             t0 = time.perf_counter()
             b = batched.get_many(OP, probe)
@@ -138,22 +141,29 @@ def main(argv: list[str] | None = None) -> int:
             reads = get_many_vs_gets(server.address, "state-1x", args.rows, args.keys, repeats=3)
         finally:
             server.stop(0)
-        timed = restore_to_first_read(root, {"state-1x": args.rows, "state-10x": args.rows * 10}, args.trials)
+        states = {"state-1x": args.rows, "state-10x": args.rows * 10}
+        timed_by_mode = {mode: restore_to_first_read(root, states, args.trials, mode) for mode in ("auto", "off")}
 
-    print(f"\nrestore -> first served read (fresh cold pool per trial, trials interleaved, {args.trials} trials)")
-    ratios = {}
-    for stat_name, stat in (("median", statistics.median), ("min", min)):
-        total = {job: stat(r + g for r, g in ts) for job, ts in timed.items()}
-        parts = {job: (stat(r for r, _ in ts), stat(g for _, g in ts)) for job, ts in timed.items()}
-        ratios[stat_name] = total["state-10x"] / total["state-1x"]
-        for job, rows in (("state-1x", args.rows), ("state-10x", args.rows * 10)):
-            r, g = parts[job]
-            print(
-                f"  {stat_name:<6} {job[6:]:>3} state ({rows:>10,} rows): {total[job] * 1000:8.2f} ms  (restore {r * 1000:.2f} + first get {g * 1000:.2f})"
-            )
-    ratio = ratios["median"]
-    verdict = "OK" if ratio <= TARGET_RESTORE_RATIO else "OVER TARGET"
-    print(f"  ratio 10x/1x: {ratio:.2f} by median, {ratios['min']:.2f} by min  (target <= {TARGET_RESTORE_RATIO})  {verdict}")
+    ratio = 0.0
+    for mode, timed in timed_by_mode.items():
+        # auto (the default): the first read races the background warm-up, which this in-process pool serves beside it
+        print(f"\nrestore -> first served read, warm_up={mode} (fresh cold pool per trial, trials interleaved, {args.trials} trials)")
+        ratios = {}
+        for stat_name, stat in (("median", statistics.median), ("min", min)):
+            total = {job: stat(r + g for r, g in ts) for job, ts in timed.items()}
+            parts = {job: (stat(r for r, _ in ts), stat(g for _, g in ts)) for job, ts in timed.items()}
+            ratios[stat_name] = total["state-10x"] / total["state-1x"]
+            for job, rows in states.items():
+                r, g = parts[job]
+                print(
+                    f"  {stat_name:<6} {job[6:]:>3} state ({rows:>10,} rows): {total[job] * 1000:8.2f} ms  "
+                    f"(restore {r * 1000:.2f} + first get {g * 1000:.2f})"
+                )
+        ratio = max(ratio, ratios["median"])
+        verdict = "OK" if ratios["median"] <= TARGET_RESTORE_RATIO else "OVER TARGET"
+        print(
+            f"  ratio 10x/1x: {ratios['median']:.2f} by median, {ratios['min']:.2f} by min  (target <= {TARGET_RESTORE_RATIO})  {verdict}"
+        )
 
     print(f"\nreads of {args.keys:,} keys (median of 3)")
     for name in ("cached get x N", "cached get_many", "cold get x N", "cold get_many"):

@@ -473,11 +473,13 @@ class RemoteReadBackend:
 
         ``above_warm``: stop before the warm table (get_many asks it for all its misses at once).
         """
-        v = self._delta.get(k)
-        if v is not _MISSING:
+        delta = self._delta  # attribute reads, not Delta.get calls, on the way down: this is every read's path
+        v = delta.top.get(k, _MISSING)
+        if v is not _MISSING or (delta.runs and (v := delta.get(k)) is not _MISSING):
             return True, v
-        if self._shipping:
-            v = self._shipping.get(k)
+        shipping = self._shipping
+        if shipping.top or shipping.runs:
+            v = shipping.get(k)
             if v is not _MISSING:
                 return True, v
         for _, layer in reversed(self._pending):
@@ -486,13 +488,11 @@ class RemoteReadBackend:
                 return True, v
         if self._read_checkpoint is None:
             return True, None
-        found, value = self._cache.lookup(k)
-        if found:
-            return found, value
+        hit = self._cache.lookup(k)
         warm = self._warm
-        if warm is not None and not above_warm:
-            return warm.lookup(k, self._read_checkpoint)
-        return False, None
+        if hit[0] or warm is None or above_warm:
+            return hit
+        return warm.lookup(k, self._read_checkpoint)
 
     def _read_key(self, op_id: int, key_bytes: bytes) -> StateKey:
         _check_op_id(op_id)
@@ -574,7 +574,7 @@ class RemoteReadBackend:
         miss_idx: list[int] = []
         with self._lock:
             for i, k in enumerate(ks):
-                found, value = self._local(k, above_warm=True)
+                found, value = self._local(k, True)  # the warm table is asked once, below, for every miss
                 if found:
                     out[i] = value
                 else:
