@@ -18,17 +18,22 @@ import pyarrow.compute as pc
 import snapshot
 from client.batched_reads import ReadCoalescer
 from client.delta import MISSING as _MISSING
-from client.delta import Delta, StateKey, changelog_table
+from client.delta import ArrowRun, Delta, StateKey, changelog_table
 from client.delta import entry_bytes as _entry_bytes
 from client.errors import ClinkError, FencedError, InvalidArgumentError, MissingOperatorsError, NotFoundError
 from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig
 from client.warm import WarmTable, check_warm_mode, format_groups, plan_warm_up, table_of_scan
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
+from snapshot.key_index import hash_keys
 from snapshot.names import validate_job
 
 __all__ = ["BackendConfig", "RemoteReadBackend", "changelog_table", "ttl_expired_mask"]
 
 _ENTRY_OVERHEAD = 64  # rough per-entry bookkeeping bytes counted against the cache bound
+MAX_READ_BATCH_WINDOW_S = 1.0  # a read held longer to gather others is a mistake, not a batch
+# (read checkpoint, its etag, cache generation) when a read was issued: an asynchronous read is answered there
+ReadPoint = tuple["int | None", str, int]
+_AsyncBatch = tuple[list[StateKey], list["asyncio.Future[bytes | None]"], ReadPoint]
 
 
 def _wall_clock_ms() -> int:
@@ -129,6 +134,25 @@ class _LruCache:
             self.bytes -= _entry_bytes(k, v) + _ENTRY_OVERHEAD
             self._operator_keys.discard(k)
 
+    def forget_run(self, run: ArrowRun) -> None:
+        """Drop the entries of keys a run writes, walking whichever of the two is smaller (the run by hash, vectorised)."""
+        if not self._entries or not run.rows:
+            return
+        if len(self._entries) <= run.rows:
+            cached = list(self._entries)
+            ops = np.fromiter((k[0] for k in cached), dtype=np.uint64, count=len(cached))
+            keys = pa.array([k[1] for k in cached], pa.binary())
+            rows = run.index.find(hash_keys(ops, keys), keys, ops)
+            gone = [cached[i] for i in np.flatnonzero(rows >= 0).tolist()]
+        else:
+            changelog = run.changelog
+            gone = list(zip(changelog.column("op_id").to_pylist(), changelog.column("key_bytes").to_pylist(), strict=True))
+        for key in gone:
+            value = self._entries.pop(key, _MISSING)
+            if value is not _MISSING:
+                self.bytes -= _entry_bytes(key, value) + _ENTRY_OVERHEAD
+                self._operator_keys.discard(key)
+
     def drop_operator_state(self) -> None:
         for key in self._operator_keys:
             value = self._entries.pop(key, _MISSING)
@@ -214,8 +238,10 @@ class RemoteReadBackend:
         self.config = config
         self.key_groups = _check_range(key_groups)
         check_warm_mode(config.warm_up)
-        if not config.read_batch_window_s >= 0:
-            raise InvalidArgumentError(f"read_batch_window_s must be >= 0, got {config.read_batch_window_s!r}")
+        if not 0 <= config.read_batch_window_s <= MAX_READ_BATCH_WINDOW_S:
+            raise InvalidArgumentError(
+                f"read_batch_window_s must be between 0 and {MAX_READ_BATCH_WINDOW_S} seconds, got {config.read_batch_window_s!r}"
+            )
         if not isinstance(config.read_batch_keys, int) or config.read_batch_keys < 1:
             raise InvalidArgumentError(f"read_batch_keys must be a positive int, got {config.read_batch_keys!r}")
         self.epoch = 0
@@ -233,7 +259,7 @@ class RemoteReadBackend:
         self._warm_thread: threading.Thread | None = None
         self._reads_by_group = [0] * NUM_KEY_GROUPS  # pool reads per key group: the hottest are warmed when not all fit
         self._coalescer: ReadCoalescer | None = None
-        self._async_batches: dict[asyncio.AbstractEventLoop, tuple[list[StateKey], list[asyncio.Future]]] = {}
+        self._async_batches: dict[asyncio.AbstractEventLoop, _AsyncBatch] = {}
         self._read_checkpoint: int | None = None
         self._read_etag = ""  # the version of the read checkpoint this backend holds: its reads are answered from it
         self._parent_id = 0
@@ -286,10 +312,10 @@ class RemoteReadBackend:
             self._attempt += 1
             self._warm = None
             coalescer, self._coalescer = self._coalescer, None
+        if self._owns_pool:
+            self._pool.close()  # first: a MultiGet in flight ends (its reads fail) instead of being waited for
         if coalescer is not None:
             coalescer.close()  # reads still queued fail: the backend is closed
-        if self._owns_pool:
-            self._pool.close()
 
     def __enter__(self) -> RemoteReadBackend:
         return self
@@ -529,17 +555,24 @@ class RemoteReadBackend:
                 return value
         return self._fetch_from_pool([k])[0]
 
-    def _fetch_from_pool(self, ks: list[StateKey]) -> list[bytes | None]:
-        """Keys no local layer held when looked up, from the pool (again at a newer checkpoint if this one went)."""
-        return self._again_if_moved_on(lambda: self._fetch(ks), lambda: self._fetch(ks, True))
+    def _fetch_from_pool(self, ks: list[StateKey], at: ReadPoint | None = None) -> list[bytes | None]:
+        """Keys no local layer held when looked up, from the pool (again at a newer checkpoint if this one went).
 
-    def _fetch(self, ks: list[StateKey], recheck: bool = False) -> list[bytes | None]:
+        ``at``: the read checkpoint when the reads were issued (asynchronous reads are fetched later): read there.
+        """
+        return self._again_if_moved_on(lambda: self._fetch(ks, at=at), lambda: self._fetch(ks, True))
+
+    def _read_point(self) -> ReadPoint:
+        """What reads issued now are answered at (lock held)."""
+        return (self._read_checkpoint, self._read_etag, self._generation)
+
+    def _fetch(self, ks: list[StateKey], recheck: bool = False, at: ReadPoint | None = None) -> list[bytes | None]:
         """Keys no local layer holds, from the pool at the read checkpoint in one MultiGet (cached unless written meanwhile).
 
         ``recheck``: the read checkpoint moved since the keys were looked up locally, so look again first.
         """
         with self._lock:
-            checkpoint, generation, etag = self._read_checkpoint, self._generation, self._read_etag
+            checkpoint, etag, generation = at if at is not None else self._read_point()
             held = [self._local(k) for k in ks] if recheck else [(False, None)] * len(ks)
         ask = [i for i, (found, _) in enumerate(held) if not found]
         out = [value for _, value in held]
@@ -614,17 +647,20 @@ class RemoteReadBackend:
         future: Future[bytes | None] = Future()
         with self._lock:
             found, value = self._local(k)
+            at = self._read_point()
         if found:
             future.set_result(value)
             return future
 
         def deliver(values: list[bytes | None] | None, error: BaseException | None) -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # cancelled by its caller meanwhile
             if error is not None:
                 future.set_exception(error)
             elif values is not None:
                 future.set_result(values[0])
 
-        self._reads().submit([k], deliver)
+        self._reads().submit([k], deliver, at)
         return future
 
     def aget(self, op_id: int, key_bytes: bytes) -> asyncio.Future[bytes | None]:
@@ -639,12 +675,16 @@ class RemoteReadBackend:
         future: asyncio.Future[bytes | None] = loop.create_future()
         with self._lock:
             found, value = self._local(k)
+            at = self._read_point()
         if found:
             future.set_result(value)
             return future
         batch = self._async_batches.get(loop)
+        if batch is not None and batch[2] != at:  # a checkpoint completed since the batch began: it reads the older one
+            self._flush_async_batch(loop, batch)
+            batch = None
         if batch is None:
-            batch = self._async_batches[loop] = ([], [])
+            batch = self._async_batches[loop] = ([], [], at)
             loop.call_soon(self._flush_async_batch, loop, batch)
         batch[0].append(k)
         batch[1].append(future)
@@ -652,11 +692,11 @@ class RemoteReadBackend:
             self._flush_async_batch(loop, batch)
         return future
 
-    def _flush_async_batch(self, loop: asyncio.AbstractEventLoop, batch: tuple[list[StateKey], list[asyncio.Future]]) -> None:
+    def _flush_async_batch(self, loop: asyncio.AbstractEventLoop, batch: _AsyncBatch) -> None:
         if self._async_batches.get(loop) is not batch:
             return  # flushed already (it filled up)
         del self._async_batches[loop]
-        keys, futures = batch
+        keys, futures, at = batch
 
         def resolve(values: list[bytes | None] | None, error: BaseException | None) -> None:
             for i, future in enumerate(futures):
@@ -674,7 +714,7 @@ class RemoteReadBackend:
                 pass  # the loop closed while the read was in flight: nobody awaits these futures any more
 
         try:
-            self._reads().submit(keys, deliver, now=True)
+            self._reads().submit(keys, deliver, at, now=True)
         except ClinkError as exc:
             resolve(None, exc)
 
@@ -688,6 +728,8 @@ class RemoteReadBackend:
         for k, v in layer.top.items():
             if k[1][:1] < b"\x80":  # operator state is every subtask's: after completion it reads what the pool merged
                 self._cache.store(k, v)
+        for run in layer.runs:  # a run's keys are not copied into the cache row by row: what it holds of them goes
+            self._cache.forget_run(run)
 
     def _adopt(self, checkpoint: int | None, etag: str) -> None:
         """The pool answered from this version of the read checkpoint (compacted since, perhaps): hold that one from now."""
@@ -913,7 +955,7 @@ class RemoteReadBackend:
         checkpoint = self._read_checkpoint
         if checkpoint is None or self.closed:
             return
-        table = WarmTable(checkpoint, self.key_groups)
+        table = WarmTable(checkpoint, self.key_groups, max(0, int(self.config.cache_bytes)))
         self._warm = table
         args = (self._attempt, table, self._read_etag, info)
         if wait:
@@ -939,8 +981,9 @@ class RemoteReadBackend:
             operator_bytes = info.operator_state_bytes
             if len(group_bytes) != NUM_KEY_GROUPS:  # a pool from before key_group_bytes: assume the bytes spread evenly
                 group_bytes, operator_bytes = (info.total_bytes // NUM_KEY_GROUPS,) * NUM_KEY_GROUPS, 0
-            budget = max(0, int(self.config.cache_bytes))
-            plan = plan_warm_up(lo, hi, group_bytes, operator_bytes, budget, list(self._reads_by_group))
+            budget = table.budget
+            bytes_per_row = info.total_bytes / info.num_rows if info.num_rows else 0.0
+            plan = plan_warm_up(lo, hi, group_bytes, operator_bytes, budget, list(self._reads_by_group), bytes_per_row)
             with self._lock:
                 if not self._warm_current(attempt, table):
                     return
@@ -955,10 +998,13 @@ class RemoteReadBackend:
                 del blob
                 if not self._warm_current(attempt, table):  # a restore came meanwhile: these rows are an older attempt's
                     return
-                table.add_scan(chunk_lo, chunk_hi, rows, first=i == 0)
+                table.add_scan(chunk_lo, chunk_hi, rows, first=i == 0)  # one that does not fit is dropped; the next may
             table.finish()
-        except BaseException as exc:
+        except Exception as exc:  # a warm-up that fails leaves reads to the pool; it never fails the restore
             table.fail(exc)
+        except BaseException as exc:  # Ctrl-C and exits: noted, and passed on (to restore's caller, for an eager one)
+            table.fail(exc)
+            raise
 
     def wait_warm(self, timeout_s: float | None = None) -> bool:
         """Wait until a background warm-up has loaded (or failed); True when none is still loading."""

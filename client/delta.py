@@ -77,7 +77,7 @@ class ArrowRun:
         return cls(changelog_table(layer))
 
     @cached_property
-    def _index(self) -> KeyIndex:
+    def index(self) -> KeyIndex:
         """The hash index of the run's rows (a key written twice is found at its last row: ``find_one(last=True)``)."""
         table = self.changelog
         hashes = hash_keys(table.column("op_id").to_numpy(), table.column("key_bytes"))
@@ -94,7 +94,7 @@ class ArrowRun:
         """The run's value of a key (None: erased here), MISSING when the run does not write it."""
         if not self.rows:
             return MISSING
-        index = self._index
+        index = self.index
         row = index.find_one(key[0], key[1], last=True)
         if row < 0:
             return MISSING
@@ -195,18 +195,12 @@ class Delta:
 
     def key_columns(self) -> tuple[np.ndarray, pa.Array]:
         """op_ids and key_bytes of every write (the per-key ones listed once), for marking them changed elsewhere."""
-        tables = [r.changelog.select(["op_id", "key_bytes"]) for r in self.runs]
+        ops = [r.changelog.column("op_id").chunk(0) for r in self.runs if r.rows]
+        keys = [r.changelog.column("key_bytes").chunk(0) for r in self.runs if r.rows]
         if self.top:
-            keys = list(self.top)
-            tables.append(
-                pa.table(
-                    {
-                        "op_id": pa.array(list(map(itemgetter(0), keys)), pa.uint64()),
-                        "key_bytes": pa.array(list(map(itemgetter(1), keys)), pa.binary()),
-                    }
-                )
-            )
-        if not tables:
+            top = list(self.top)
+            ops.append(pa.array(list(map(itemgetter(0), top)), pa.uint64()))
+            keys.append(pa.array(list(map(itemgetter(1), top)), pa.binary()))
+        if not keys:
             return np.zeros(0, dtype=np.uint64), pa.array([], pa.binary())
-        table = pa.concat_tables(tables).combine_chunks()
-        return table.column("op_id").to_numpy(), table.column("key_bytes").chunk(0) if table.num_rows else pa.array([], pa.binary())
+        return pa.concat_arrays(ops).to_numpy(zero_copy_only=False), pa.concat_arrays(keys)

@@ -14,8 +14,8 @@ from snapshot import NUM_KEY_GROUPS
 from snapshot.key_index import KeyIndex, hash_key, hash_keys
 
 WARM_MODES = ("auto", "off", "eager")
-# the index arrays a warm table holds beside the rows: sorted hashes and their order (8 + 8 bytes a row)
-INDEX_BYTES_PER_ROW = 16
+# what a warm table holds beside a row's own bytes: its hash (8) and a share of the bucket table (1), rounded up
+INDEX_BYTES_PER_ROW = 10
 # at most this many key groups' bytes per ScanCheckpoint, so the scan's bytes and their decoded copy stay small
 MIN_CHUNK_BYTES = 2 << 20
 CHUNKS_PER_RANGE = 8
@@ -42,14 +42,25 @@ class WarmPlan:
 
 
 def plan_warm_up(
-    lo: int, hi: int, key_group_bytes: Sequence[int], operator_bytes: int, budget: int, reads_by_group: Sequence[int]
+    lo: int,
+    hi: int,
+    key_group_bytes: Sequence[int],
+    operator_bytes: int,
+    budget: int,
+    reads_by_group: Sequence[int],
+    bytes_per_row: float = 0.0,
 ) -> WarmPlan:
     """Every key group of lo..hi when they fit ``budget``; else the most read ones that fit (key group order on ties).
 
-    Operator state comes with the first scan and counts against the budget.
+    A key group costs its stored bytes plus the index's share (INDEX_BYTES_PER_ROW for each row, rows estimated from
+    ``bytes_per_row``, the checkpoint's stored bytes per row). Operator state comes with the first scan and counts too.
+    The stored bytes are estimates (a segment over several key groups is split evenly): the load checks the real size.
     """
     groups = list(range(lo, hi + 1))
-    per_group = [int(key_group_bytes[g]) for g in groups]
+    overhead = 1.0 + (INDEX_BYTES_PER_ROW / bytes_per_row if bytes_per_row > 0 else 0.0)
+    key_group_bytes = [int(b * overhead) for b in key_group_bytes]
+    operator_bytes = int(operator_bytes * overhead)
+    per_group = [key_group_bytes[g] for g in groups]
     range_bytes = sum(per_group) + operator_bytes
     if range_bytes <= budget:
         chosen = groups
@@ -101,9 +112,10 @@ class WarmTable:
     still reads ``base``.
     """
 
-    def __init__(self, base: int, key_groups: tuple[int, int]) -> None:
+    def __init__(self, base: int, key_groups: tuple[int, int], budget: int) -> None:
         self.base = base
         self.key_groups = key_groups
+        self.budget = budget  # the table never holds more: a scan that would take it past is dropped
         self.plan: WarmPlan | None = None  # set once the warm-up knows what fits
         self._by_group: list[KeyIndex | None] = [None] * NUM_KEY_GROUPS
         self._operator: KeyIndex | None = None
@@ -115,6 +127,7 @@ class WarmTable:
         self.hits = 0
         self.state = "loading"
         self.error = ""
+        self.dropped = False  # a scan was larger than the room left, so it was not kept
 
     def set_plan(self, plan: WarmPlan) -> None:
         """What will be loaded (nothing: the state says why)."""
@@ -127,28 +140,40 @@ class WarmTable:
         """Stored bytes of the whole range, as the checkpoint reported them (0 until planned)."""
         return self.plan.range_bytes if self.plan is not None else 0
 
-    def add_scan(self, lo: int, hi: int, table: pa.Table, first: bool) -> None:
-        """Take one scan's rows of key groups lo..hi (and, from the first scan, the operator state)."""
+    def add_scan(self, lo: int, hi: int, table: pa.Table, first: bool) -> bool:
+        """Take one scan's rows of key groups lo..hi (and, from the first scan, the operator state) if they fit the budget.
+
+        The rows are copied into hash order (the scan's buffers are let go); False when they would not fit, and nothing is kept.
+        """
         table = table.select(["op_id", "key_bytes", "value_bytes"])
         lead = snapshot.leading_bytes(table.column("key_bytes").combine_chunks()) if table.num_rows else np.zeros(0, np.uint8)
         keyed = lead < NUM_KEY_GROUPS
-        keyed_rows = table if keyed.all() else table.filter(pa.array(keyed))
-        keyed_index = KeyIndex.build(keyed_rows, copy=False).prepare()
-        operator_index = KeyIndex.build(table.filter(pa.array(~keyed))).prepare() if first else None
+        if self.bytes + table.nbytes > self.budget:  # the decoded rows alone do not fit: not worth indexing
+            self.dropped = True
+            return False
+        keyed_index = KeyIndex.build_compact(table if keyed.all() else table.filter(pa.array(keyed))).prepare()
+        operator_index = KeyIndex.build_compact(table.filter(pa.array(~keyed))).prepare() if first else None
+        size = sum(index.nbytes for index in (keyed_index, operator_index) if index is not None)
         with self._lock:
+            if self.bytes + size > self.budget:
+                self.dropped = True
+                return False
             for g in range(lo, hi + 1):
                 self._by_group[g] = keyed_index
             self.loaded_groups.extend(range(lo, hi + 1))
             if operator_index is not None:
                 self._operator = operator_index
-            for index in (keyed_index, operator_index):
-                if index is not None:
-                    self.rows += len(index.hashes)
-                    self.bytes += index.table.get_total_buffer_size() + INDEX_BYTES_PER_ROW * len(index.hashes)
+            self.rows += sum(len(index.hashes) for index in (keyed_index, operator_index) if index is not None)
+            self.bytes += size
+        return True
 
     def finish(self) -> None:
-        """Every planned scan arrived."""
-        if self.plan is not None:
+        """Every planned scan arrived (or was dropped for want of room: then the table is partial, or holds none)."""
+        if self.plan is None:
+            return
+        if self.dropped:
+            self.state = "partial" if self.loaded_groups else "none"
+        else:
             self.state = self.plan.state
 
     def fail(self, error: BaseException) -> None:
@@ -213,11 +238,27 @@ class WarmTable:
         return answers
 
     def mark_changed(self, op_ids: np.ndarray, keys: pa.Array) -> bool:
-        """Keys a newer checkpoint of the backend holds: never answered here again. True when so many changed a reload pays."""
+        """Keys a newer checkpoint of the backend holds: never answered here again. True when so many changed a reload pays.
+
+        Only keys of key groups the table holds or may still load count (and operator state); a reload is due once the
+        load has finished and more than REWARM_STALE_SHARE of its rows changed.
+        """
         if len(keys):
-            hashes = hash_keys(op_ids, keys)
-            with self._lock:
-                self._stale = np.union1d(self._stale, hashes)
+            lead = snapshot.leading_bytes(keys)
+            wanted = np.ones(NUM_KEY_GROUPS + 1, dtype=bool)  # by leading byte; index 128 stands for operator state
+            plan = self.plan
+            if plan is not None:
+                wanted[:NUM_KEY_GROUPS] = False
+                wanted[list(plan.groups)] = True
+            mine = wanted[np.minimum(lead, NUM_KEY_GROUPS)]
+            if mine.any():
+                if not mine.all():
+                    op_ids, keys = op_ids[mine], keys.filter(pa.array(mine))
+                hashes = hash_keys(op_ids, keys)
+                with self._lock:
+                    self._stale = np.union1d(self._stale, hashes)
+        if self.state == "loading" or not self.rows:
+            return False
         return self._stale.size > max(64, REWARM_STALE_SHARE * self.rows)
 
     @property

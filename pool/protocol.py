@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from pool.domain import CheckpointInfo, CommitResult, KeyGroupRange, PoolConfig
 from pool.writers import Fencing, fenced_error
-from snapshot import NUM_KEY_GROUPS, StateVersionMap
+from snapshot import StateVersionMap
 from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
 from store.checkpoint import CheckpointListing, CheckpointReader
 from store.datafile import KIND_BASE, KIND_DELTA, DataFile, encode_datafile
@@ -92,25 +92,9 @@ def carried_paths(part: Manifest) -> set[str]:
     return {f.path for f in part.files if mine is None or f.path != mine.path}
 
 
-def stored_bytes_by_key_group(files: Iterable[DataFile]) -> tuple[tuple[int, ...], int]:
-    """Stored bytes of keyed segments per key group (a segment over several groups split evenly) and of operator state."""
-    per_group = [0] * NUM_KEY_GROUPS
-    operator_bytes = 0
-    for f in files:
-        for s in f.segments:
-            if s.operator:
-                operator_bytes += s.length
-                continue
-            width = s.kg_hi - s.kg_lo + 1
-            share, extra = divmod(s.length, width)
-            for g in range(s.kg_lo, s.kg_hi + 1):
-                per_group[g] += share + (1 if g - s.kg_lo < extra else 0)
-    return tuple(per_group), operator_bytes
-
-
 def info_of(job: str, m: Manifest, etag: str = "", abandoned: bool = False) -> CheckpointInfo:
     """A complete manifest as CheckpointInfo."""
-    key_group_bytes, operator_state_bytes = stored_bytes_by_key_group(m.files)
+    key_group_bytes, operator_state_bytes = m.stored_bytes_by_key_group
     return CheckpointInfo(
         job=job,
         checkpoint_id=m.checkpoint_id,

@@ -109,7 +109,8 @@ class KeyIndex:
 
     table: pa.Table
     hashes: np.ndarray
-    order: np.ndarray
+    order: np.ndarray | None  # the row of each sorted hash; None: the table's rows are in hash order already
+    rows_per_bucket: int = 1  # the bucket table's size: about one entry per this many rows (a walk of about as many)
 
     @classmethod
     def build(cls, table: pa.Table, copy: bool = True) -> KeyIndex:
@@ -122,6 +123,17 @@ class KeyIndex:
         hashes = hash_keys(table.column("op_id").to_numpy(), table.column("key_bytes"))
         order = np.argsort(hashes, kind="stable")
         return cls(table, hashes[order], order)
+
+    @classmethod
+    def build_compact(cls, table: pa.Table) -> KeyIndex:
+        """An index that holds little beside the rows: the rows copied into hash order (no order array), a bucket per 4 rows.
+
+        About 9 bytes a row beyond the rows themselves (8 of hash, 1 of buckets); the copy also drops whatever larger
+        buffers the input's columns were slices of.
+        """
+        hashes = hash_keys(_one_chunk(table.column("op_id")).to_numpy(zero_copy_only=False), table.column("key_bytes"))
+        order = np.argsort(hashes, kind="stable")
+        return cls(table.take(pa.array(order)).combine_chunks(), hashes[order], None, rows_per_bucket=4)
 
     @cached_property
     def _keys(self) -> pa.Array:
@@ -143,7 +155,7 @@ class KeyIndex:
 
     @property
     def _bucket_bits(self) -> int:
-        return min(max(1, int(len(self.hashes) - 1).bit_length()), 30)
+        return min(max(1, int(len(self.hashes) // self.rows_per_bucket - 1).bit_length()), 30)
 
     @cached_property
     def _bucket_starts(self) -> np.ndarray:
@@ -175,10 +187,11 @@ class KeyIndex:
     def nbytes(self) -> int:
         """Bytes held (table buffers and the index arrays, the bucket starts included)."""
         starts = ((1 << self._bucket_bits) + 1) * (4 if len(self.hashes) < 2**31 else 8)
-        return self.table.get_total_buffer_size() + self.hashes.nbytes + self.order.nbytes + starts
+        order = self.order.nbytes if self.order is not None else 0
+        return self.table.get_total_buffer_size() + self.hashes.nbytes + order + starts
 
     @cached_property
-    def _scalar_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _scalar_views(self) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Zero-copy numpy views of the sorted hashes' order, op ids, key offsets and bytes, value offsets and bytes."""
         keys, values = self._keys, self.values
         return (self.order, self._ops, *_offsets_and_data(keys), *_offsets_and_data(values))
@@ -201,7 +214,7 @@ class KeyIndex:
         order, ops, key_offsets, key_data, _, _ = self._scalar_views
         found = -1
         while slot < n and int(hashes[slot]) == h:
-            row = int(order[slot])
+            row = slot if order is None else int(order[slot])
             if int(ops[row]) == op_id and key_data[key_offsets[row] : key_offsets[row + 1]].tobytes() == key:
                 if not last:
                     return row
@@ -214,6 +227,9 @@ class KeyIndex:
         offsets, data = self._scalar_views[4:]
         return data[offsets[row] : offsets[row + 1]].tobytes()
 
+    def _rows_of(self, slots: np.ndarray) -> np.ndarray:
+        return slots if self.order is None else self.order[slots]
+
     def find(self, q_hashes: np.ndarray, q_keys: pa.Array, q_ops: np.ndarray) -> np.ndarray:
         """Row of each query in the table, -1 if absent; equal hashes are confirmed by comparing the keys."""
         m, n = len(q_hashes), len(self.hashes)
@@ -223,7 +239,7 @@ class KeyIndex:
         if n == 0 or m == 0:
             return pos
         # first round over every query at once (a miss compares against some row, harmlessly): no take of the queries
-        rows = self.order[np.minimum(slot, n - 1)]
+        rows = self._rows_of(np.minimum(slot, n - 1))
         hashed = (slot < n) & (self.hashes[np.minimum(slot, n - 1)] == q_hashes)
         same = pc.equal(keys.take(pa.array(rows)), q_keys).to_numpy(zero_copy_only=False)
         same &= hashed & (ops[rows] == q_ops)
@@ -236,7 +252,7 @@ class KeyIndex:
             cand = cand[self.hashes[slot[cand]] == q_hashes[cand]]
             if not cand.size:
                 break
-            rows = self.order[slot[cand]]
+            rows = self._rows_of(slot[cand])
             same = pc.equal(keys.take(pa.array(rows)), q_keys.take(pa.array(cand))).to_numpy(zero_copy_only=False)
             same &= ops[rows] == q_ops[cand]
             pos[cand[same]] = rows[same]

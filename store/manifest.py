@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
 from snapshot import NUM_KEY_GROUPS, StateVersionMap
 from snapshot.errors import CorruptDataError, CorruptSnapshotError, InvalidArgumentError
 from store.datafile import ENCODING_FILE, ENCODING_STREAMS, KIND_BASE, KIND_DELTA, DataFile, Segment
@@ -81,6 +83,28 @@ class Manifest:
     def identity(self) -> str:
         """A digest of the manifest's content: equal for equal manifests, different whenever a version differs."""
         return hashlib.sha256(self.to_json()).hexdigest()[:32]
+
+    @cached_property
+    def stored_bytes_by_key_group(self) -> tuple[tuple[int, ...], int]:
+        """Stored bytes of keyed segments per key group (a segment over several groups split evenly) and of operator state.
+
+        Computed once per parsed manifest (listings ask for it of every checkpoint), with difference arrays, not per group.
+        """
+        share = np.zeros(NUM_KEY_GROUPS + 1, dtype=np.int64)
+        extra = np.zeros(NUM_KEY_GROUPS + 1, dtype=np.int64)
+        operator_bytes = 0
+        for f in self.files:
+            for seg in f.segments:
+                if seg.operator:
+                    operator_bytes += seg.length
+                    continue
+                each, rest = divmod(seg.length, seg.kg_hi - seg.kg_lo + 1)
+                share[seg.kg_lo] += each
+                share[seg.kg_hi + 1] -= each
+                extra[seg.kg_lo] += 1  # the remainder: one more byte in each of the first ``rest`` groups
+                extra[seg.kg_lo + rest] -= 1
+        per_group = np.cumsum(share)[:NUM_KEY_GROUPS] + np.cumsum(extra)[:NUM_KEY_GROUPS]
+        return tuple(int(b) for b in per_group), operator_bytes
 
     @property
     def max_epoch(self) -> int:

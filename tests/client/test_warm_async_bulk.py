@@ -459,3 +459,19 @@ def test_put_many_of_arrow_arrays_makes_no_python_object_per_row(memory_pool_add
         assert run.changelog.column("key_bytes").chunk(0).buffers()[2].address == keys.buffers()[2].address
         assert b.delta_rows == n and b.delta_bytes == 18 * n
         assert b.get(OP_COUNT, keys[777].as_py()) == values[777].as_py()
+
+
+def test_a_checkpoint_of_per_key_writes_and_put_many_runs_under_a_warm_table(memory_pool_address: str) -> None:
+    """Found by the simulation: the keys of a released delta holding both kinds of write are marked in the warm table."""
+    job, model = _job(), {}
+    _load(memory_pool_address, job, model)
+    with RemoteReadBackend.connect(memory_pool_address, job, config=BackendConfig(warm_up="eager")) as b:
+        b.restore()
+        b.put(OP_COUNT, KEYS[0], b"per-key")
+        b.put_many(OP_COUNT, KEYS[1:4], [b"bulk"] * 3)
+        b.erase(OP_COUNT, KEYS[4])
+        assert b.snapshot(2).checkpoint.complete
+        model.update({(OP_COUNT, KEYS[0]): b"per-key", **{(OP_COUNT, k): b"bulk" for k in KEYS[1:4]}})
+        model.pop((OP_COUNT, KEYS[4]))
+        assert b.cache_stats["warm_stale_keys"] == 5
+        assert b.get_many(OP_COUNT, KEYS[:400]) == [model.get((OP_COUNT, k)) for k in KEYS[:400]]

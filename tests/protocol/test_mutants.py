@@ -20,10 +20,10 @@ from tests.sim.mutants import MUTANTS
 SIM_KILLS = {
     "restore_keeps_its_epoch": (0, 6),
     "no_restore_records": (0, 12),
-    "operator_writes_folded_into_cache": (48, 4),
+    "operator_writes_folded_into_cache": (40, 2),
     "retention_forgets_restore_points": (0, 6),
-    "warm_table_keeps_changed_keys": (74, 2),
-    "warm_operator_state_after_moving_on": (200, 2),
+    "warm_table_keeps_changed_keys": (15, 2),
+    "warm_operator_state_after_moving_on": (224, 2),
 }
 
 

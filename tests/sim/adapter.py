@@ -31,6 +31,8 @@ def client_info(info: PoolCheckpointInfo) -> CheckpointInfo:
         state_versions=info.state_versions,
         manifest_etag=info.manifest_etag,
         abandoned=info.abandoned,
+        key_group_bytes=info.key_group_bytes,
+        operator_state_bytes=info.operator_state_bytes,
     )
 
 

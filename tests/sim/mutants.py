@@ -150,6 +150,8 @@ def _operator_writes_folded_into_cache():  # defect 7: after completion the back
             self._warm_stale = True
         for k, v in layer.top.items():
             self._cache.store(k, v)
+        for run in layer.runs:
+            self._cache.forget_run(run)
 
     with patched(backend_mod.RemoteReadBackend, "_fold_into_cache", fold):
         yield

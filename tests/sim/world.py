@@ -531,6 +531,13 @@ class World:
             mine = [u for u in self.user_keys if sub.lo <= s.key_group(u) <= sub.hi]
             if not mine:
                 continue
+            if self.rng.random() < 0.2:  # a bulk write: put_many's Arrow run under (and over) per-key writes; a key may repeat
+                picked = [keyed_key(self.rng.choice(mine)) for _ in range(self.rng.randint(1, 6))]
+                values = [f"{sub.uid}:{self.step_no}:bulk{i}".encode() for i in range(len(picked))]
+                sub.backend.put_many(op, picked, values)
+                for k, v in zip(picked, values, strict=True):
+                    sub.keyed[(op, k)] = v
+                continue
             key = (op, keyed_key(self.rng.choice(mine)))
             if key in sub.keyed and self.rng.random() < self.erase:
                 sub.backend.erase(*key)
