@@ -48,6 +48,8 @@ TARGETS: dict[str, tuple[str, float] | None] = {
     "export rows/s / SlateDB scan rows/s (row by row)": (">=", 100.0),
     "export rows/s / SlateDB scan rows/s (next_batch of 4,096)": None,
     "get_many keys/s (warm) / SlateDB warm gets/s": (">=", 10.0),
+    "warm table memory / the range's stored bytes": ("<=", 1.5),
+    "  the same, by Arrow's allocator": None,  # the in-process pool allocates too (its segment cache), so no target
     "get_many keys/s (cold) / SlateDB warm gets/s": None,
     "full checkpoint speedup vs SlateDB write+flush": None,
     "full checkpoint speedup vs SlateDB one WriteBatch+flush": None,
@@ -267,8 +269,14 @@ def cold_reads(address: str, probe: list[bytes], expected: list[bytes]) -> dict[
     """
     out: dict[str, float] = {}
     with RemoteReadBackend.connect(address, JOB, FULL_RANGE, BackendConfig(warm_up="eager")) as backend:
+        gc.collect()
+        arrow_before = pa.total_allocated_bytes()
         backend.restore(required=True)
-        assert backend.cache_stats["warm_state"] == "full", backend.cache_stats
+        stats = backend.cache_stats
+        assert stats["warm_state"] == "full", stats
+        # what the warm table holds, counted by itself and by Arrow's allocator (the in-process pool allocates little)
+        out["warm bytes"] = float(stats["warm_bytes"]) / float(stats["warm_range_bytes"])
+        out["warm arrow bytes"] = (pa.total_allocated_bytes() - arrow_before) / float(stats["warm_range_bytes"])
         out["get_many warm"], got = timed(lambda: backend.get_many(OP, probe))
         assert got == expected, "get_many from the warm table returned other values"
     config = BackendConfig(warm_up="off")
@@ -413,7 +421,14 @@ def main(argv: list[str] | None = None) -> int:
         server = start_pool()
         ours = ours_write(server.address, keys, values, rewrite_idx, new_values)
         gets: dict[str, list[tuple[float, float, float]]] = {"eager": [], "off": [], "auto": []}
-        reads: dict[str, list[float]] = {"get_many warm": [], "get_many": [], "aget": [], "get_async": []}
+        reads: dict[str, list[float]] = {
+            "get_many warm": [],
+            "get_many": [],
+            "aget": [],
+            "get_async": [],
+            "warm bytes": [],
+            "warm arrow bytes": [],
+        }
         exports = []
         for sample in samples:  # interleaved rounds: drift hits every variant alike
             probe, want = [keys_py[i] for i in sample], [expected[i] for i in sample]
@@ -531,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         "export rows/s / SlateDB scan rows/s (row by row)": slate["scan by row"] / export,
         "export rows/s / SlateDB scan rows/s (next_batch of 4,096)": slate_scan / export,
         "get_many keys/s (warm) / SlateDB warm gets/s": slate_warm / read["get_many warm"],
+        "warm table memory / the range's stored bytes": read["warm bytes"],
+        "  the same, by Arrow's allocator": read["warm arrow bytes"],
         "get_many keys/s (cold) / SlateDB warm gets/s": slate_warm / read["get_many"],
         "full checkpoint speedup vs SlateDB write+flush": slate["full"] / ours["full"],
         "full checkpoint speedup vs SlateDB one WriteBatch+flush": slate["batch"] / ours["full"],

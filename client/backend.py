@@ -636,18 +636,22 @@ class RemoteReadBackend:
                 )
             return self._coalescer
 
+    def _issue_read(self, op_id: int, key_bytes: bytes) -> tuple[StateKey, bool, bytes | None, ReadPoint]:
+        """An asynchronous read as it is issued: its key, what the local layers say now, and where the pool would answer."""
+        self._check_open()
+        k = self._read_key(op_id, key_bytes)
+        with self._lock:
+            found, value = self._local(k)
+            return k, found, value, self._read_point()
+
     def get_async(self, op_id: int, key_bytes: bytes) -> Future[bytes | None]:
         """A future of the key's current value: answered at once from local layers, else batched with other reads.
 
         Reads issued within ``read_batch_window_s`` of each other (from any thread) go to the pool in one MultiGet. A read
         sees every write this backend took before it was issued. Bad input raises here, not in the future.
         """
-        self._check_open()
-        k = self._read_key(op_id, key_bytes)
+        k, found, value, at = self._issue_read(op_id, key_bytes)
         future: Future[bytes | None] = Future()
-        with self._lock:
-            found, value = self._local(k)
-            at = self._read_point()
         if found:
             future.set_result(value)
             return future
@@ -670,12 +674,8 @@ class RemoteReadBackend:
         local layers answer at once. A read sees every write this backend took before it was issued. Bad input raises here.
         """
         loop = asyncio.get_running_loop()
-        self._check_open()
-        k = self._read_key(op_id, key_bytes)
+        k, found, value, at = self._issue_read(op_id, key_bytes)
         future: asyncio.Future[bytes | None] = loop.create_future()
-        with self._lock:
-            found, value = self._local(k)
-            at = self._read_point()
         if found:
             future.set_result(value)
             return future

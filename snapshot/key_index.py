@@ -94,7 +94,7 @@ def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
-def _offsets_and_data(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def binary_parts(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A binary array's offsets (int64, relative to its slice) and its data bytes, as numpy views."""
     n = len(array)
     offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=n + 1, offset=array.offset * 4).astype(np.int64)
@@ -194,7 +194,7 @@ class KeyIndex:
     def _scalar_views(self) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Zero-copy numpy views of the sorted hashes' order, op ids, key offsets and bytes, value offsets and bytes."""
         keys, values = self._keys, self.values
-        return (self.order, self._ops, *_offsets_and_data(keys), *_offsets_and_data(values))
+        return (self.order, self._ops, *binary_parts(keys), *binary_parts(values))
 
     def find_one(self, op_id: int, key: bytes, key_hash: int | None = None, last: bool = False) -> int:
         """Row of one (op_id, key), -1 if absent: the scalar path of ``find`` (no arrays built, a few array reads).

@@ -21,6 +21,7 @@ from snapshot import (
     overlay,
     replay_changelog,
 )
+from snapshot.key_index import binary_parts
 from store.datafile import DataFile
 
 
@@ -59,15 +60,6 @@ def live_piece(changelog: pa.Table) -> Piece:
     )
 
 
-def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets as int64, data bytes) of a binary array, zero-copy views."""
-    n = len(arr)
-    offs = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
-    raw = arr.buffers()[2]
-    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
-    return offs, data
-
-
 def assemble(pieces: list[Piece]) -> pa.Table:
     """The kept rows of several canonical tables as ONE contiguous chunk per column, copied once.
 
@@ -87,7 +79,7 @@ def assemble(pieces: list[Piece]) -> pa.Table:
     for batch, m in work:
         total += batch.num_rows if m is None else int(m.sum())
         for j in (0, 1):
-            offs, _ = _binary_parts(batch.column(j + 1))
+            offs, _ = binary_parts(batch.column(j + 1))
             byte_totals[j] += int(offs[-1] - offs[0]) if m is None else int(np.diff(offs)[m].sum())
     if max(byte_totals) >= 2**31:  # too big for 32-bit offsets in one array: leave it to Arrow's own chunking
         return pa.concat_tables([t.filter(pa.array(m)) if m is not None else t for t, m in pieces]).cast(CANONICAL_SCHEMA)
@@ -101,7 +93,7 @@ def assemble(pieces: list[Piece]) -> pa.Table:
         k = batch.num_rows
         out_ops[row : row + k] = batch.column(0).to_numpy(zero_copy_only=False)
         for j in (0, 1):
-            offs, data = _binary_parts(batch.column(j + 1))
+            offs, data = binary_parts(batch.column(j + 1))
             size = int(offs[-1] - offs[0])
             out_data[j][pos[j] : pos[j] + size] = data[offs[0] : offs[-1]]
             out_offs[j][row : row + k + 1] = offs - offs[0] + pos[j]
