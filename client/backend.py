@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -29,6 +30,7 @@ from snapshot.names import validate_job
 
 __all__ = ["BackendConfig", "RemoteReadBackend", "changelog_table", "ttl_expired_mask"]
 
+_log = logging.getLogger(__name__)
 _ENTRY_OVERHEAD = 64  # rough per-entry bookkeeping bytes counted against the cache bound
 MAX_READ_BATCH_WINDOW_S = 1.0  # a read held longer to gather others is a mistake, not a batch
 # (read checkpoint, its etag, cache generation) when a read was issued: an asynchronous read is answered there
@@ -1002,6 +1004,8 @@ class RemoteReadBackend:
             table.finish()
         except Exception as exc:  # a warm-up that fails leaves reads to the pool; it never fails the restore
             table.fail(exc)
+            lo, hi = table.key_groups
+            _log.warning("warm-up of job %s key groups %d-%d at checkpoint %d stopped: %s", self.job, lo, hi, table.base, table.error)
         except BaseException as exc:  # Ctrl-C and exits: noted, and passed on (to restore's caller, for an eager one)
             table.fail(exc)
             raise
