@@ -42,6 +42,7 @@ CREDENTIALS = {"region": "us-east-1", "access_key_id": "testing", "secret_access
 TARGETS: dict[str, tuple[str, float] | None] = {
     "first 1,000 gets after restore (eager) / SlateDB warm gets": (">=", 1.0),
     "async reads of 1,000 keys / one get_many": (">=", 0.8),
+    "  the most asyncio leaves: get_many / (get_many + 1,000 bare futures under gather)": None,
     "put_many rows/s (Arrow arrays)": (">=", 1_000_000),
     "put_many / per-key put loop": (">=", 5.0),
     "put_many + first get after it / per-key put loop": None,
@@ -262,6 +263,18 @@ async def gather_reads(backend: RemoteReadBackend, probe: list[bytes]) -> tuple[
     return time.perf_counter() - start, list(values)
 
 
+async def asyncio_alone(count: int) -> float:
+    """Seconds asyncio itself takes for ``count`` futures under gather: create, gather, resolve, collect (no reads at all)."""
+    loop = asyncio.get_running_loop()
+    start = time.perf_counter()
+    futures = [loop.create_future() for _ in range(count)]
+    gathered = asyncio.gather(*futures)
+    for future in futures:
+        future.set_result(b"")
+    await gathered
+    return time.perf_counter() - start
+
+
 def cold_reads(address: str, probe: list[bytes], expected: list[bytes]) -> dict[str, float]:
     """One get_many, 1,000 awaited aget and 1,000 get_async futures, each on its own freshly restored backend, warm-up off.
 
@@ -288,6 +301,7 @@ def cold_reads(address: str, probe: list[bytes], expected: list[bytes]) -> dict[
         backend.restore(required=True)
         gc.collect()
         out["aget"], got = asyncio.run(gather_reads(backend, probe))
+        out["asyncio alone"] = asyncio.run(asyncio_alone(len(probe)))
         assert got == expected, "aget returned other values"
     with RemoteReadBackend.connect(address, JOB, FULL_RANGE, config) as backend:
         backend.restore(required=True)
@@ -426,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             "get_many": [],
             "aget": [],
             "get_async": [],
+            "asyncio alone": [],
             "warm bytes": [],
             "warm arrow bytes": [],
         }
@@ -540,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {
         "first 1,000 gets after restore (eager) / SlateDB warm gets": slate_warm / first["eager"][2],
         "async reads of 1,000 keys / one get_many": read["get_many"] / read["aget"],
+        "  the most asyncio leaves: get_many / (get_many + 1,000 bare futures under gather)": read["get_many"]
+        / (read["get_many"] + read["asyncio alone"]),
         "put_many rows/s (Arrow arrays)": args.put_many_rows / puts["put_many"],
         "put_many / per-key put loop": puts["put loop"] / puts["put_many"],
         "put_many + first get after it / per-key put loop": puts["put loop"] / (puts["put_many"] + puts["first get"]),

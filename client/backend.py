@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal, overload
 
 import numpy as np
@@ -35,7 +35,17 @@ _ENTRY_OVERHEAD = 64  # rough per-entry bookkeeping bytes counted against the ca
 MAX_READ_BATCH_WINDOW_S = 1.0  # a read held longer to gather others is a mistake, not a batch
 # (read checkpoint, its etag, cache generation) when a read was issued: an asynchronous read is answered there
 ReadPoint = tuple["int | None", str, int]
-_AsyncBatch = tuple[list[StateKey], list["asyncio.Future[bytes | None]"], ReadPoint]
+
+
+@dataclass
+class _LoopBatch:
+    """An event loop's asynchronous reads of one turn: looked up locally at its flush, or earlier when state changes."""
+
+    keys: list[StateKey] = field(default_factory=list)
+    futures: list[asyncio.Future[bytes | None]] = field(default_factory=list)
+    looked: int = 0  # reads before this index are looked up already (into hits and misses)
+    hits: list[tuple[asyncio.Future[bytes | None], bytes | None]] = field(default_factory=list)
+    misses: list[tuple[list[StateKey], list[asyncio.Future[bytes | None]], ReadPoint]] = field(default_factory=list)
 
 
 def _wall_clock_ms() -> int:
@@ -261,7 +271,7 @@ class RemoteReadBackend:
         self._warm_thread: threading.Thread | None = None
         self._reads_by_group = [0] * NUM_KEY_GROUPS  # pool reads per key group: the hottest are warmed when not all fit
         self._coalescer: ReadCoalescer | None = None
-        self._async_batches: dict[asyncio.AbstractEventLoop, _AsyncBatch] = {}
+        self._async_batches: dict[asyncio.AbstractEventLoop, _LoopBatch] = {}
         self._read_checkpoint: int | None = None
         self._read_etag = ""  # the version of the read checkpoint this backend holds: its reads are answered from it
         self._parent_id = 0
@@ -429,6 +439,8 @@ class RemoteReadBackend:
         self._check_key(key_bytes)
         k = (op_id, key_bytes)
         with self._lock:
+            if self._async_batches:
+                self._seal_async_reads()
             delta = self._delta
             top = delta.top
             old = top.get(k, _MISSING)
@@ -491,6 +503,8 @@ class RemoteReadBackend:
         )
         with self._lock:
             self._check_open()
+            if self._async_batches:
+                self._seal_async_reads()
             self._delta.put_run(changelog)
         return n
 
@@ -673,33 +687,65 @@ class RemoteReadBackend:
         """``await backend.aget(op_id, key)``: the key's current value, without blocking the event loop.
 
         Every aget made before the loop next runs its callbacks (as by tasks that each await one) shares one MultiGet;
-        local layers answer at once. A read sees every write this backend took before it was issued. Bad input raises here.
+        local layers answer without one. A read sees every write this backend took before it was issued, and none
+        after. Bad input raises here.
         """
         loop = asyncio.get_running_loop()
-        k, found, value, at = self._issue_read(op_id, key_bytes)
+        self._check_open()
+        k = self._read_key(op_id, key_bytes)
         future: asyncio.Future[bytes | None] = loop.create_future()
-        if found:
-            future.set_result(value)
-            return future
+        # the local look-up waits for the batch's flush (one lock, one loop): a write or a checkpoint's completion
+        # before then looks the batch up first (_seal_async_reads), so each read still sees the state it was issued in
         batch = self._async_batches.get(loop)
-        if batch is not None and batch[2] != at:  # a checkpoint completed since the batch began: it reads the older one
-            self._flush_async_batch(loop, batch)
-            batch = None
         if batch is None:
-            batch = self._async_batches[loop] = ([], [], at)
+            batch = self._async_batches[loop] = _LoopBatch()
             loop.call_soon(self._flush_async_batch, loop, batch)
-        batch[0].append(k)
-        batch[1].append(future)
-        if len(batch[0]) >= self.config.read_batch_keys:  # a full batch goes now: its fetch overlaps the reads still coming
+        batch.keys.append(k)
+        batch.futures.append(future)
+        if len(batch.keys) >= self.config.read_batch_keys:
             self._flush_async_batch(loop, batch)
         return future
 
-    def _flush_async_batch(self, loop: asyncio.AbstractEventLoop, batch: _AsyncBatch) -> None:
+    def _look_up_batch(self, batch: _LoopBatch) -> None:
+        """Look up the batch's reads not looked up yet in the local layers, as of now (lock held)."""
+        start, end = batch.looked, len(batch.keys)
+        if start >= end:
+            return
+        at = self._read_point()
+        local = self._local
+        miss_keys: list[StateKey] = []
+        miss_futures: list[asyncio.Future[bytes | None]] = []
+        for k, future in zip(batch.keys[start:end], batch.futures[start:end], strict=True):
+            found, value = local(k)
+            if found:
+                batch.hits.append((future, value))
+            else:
+                miss_keys.append(k)
+                miss_futures.append(future)
+        batch.looked = end
+        if miss_keys:
+            batch.misses.append((miss_keys, miss_futures, at))
+
+    def _seal_async_reads(self) -> None:
+        """Before a write or a change of read checkpoint: asynchronous reads issued so far see the state as it is (lock held)."""
+        for batch in list(self._async_batches.values()):
+            self._look_up_batch(batch)
+
+    def _flush_async_batch(self, loop: asyncio.AbstractEventLoop, batch: _LoopBatch) -> None:
         if self._async_batches.get(loop) is not batch:
             return  # flushed already (it filled up)
-        del self._async_batches[loop]
-        keys, futures, at = batch
+        with self._lock:
+            del self._async_batches[loop]
+            self._look_up_batch(batch)
+        for future, value in batch.hits:
+            if not future.done():  # cancelled by its awaiter
+                future.set_result(value)
+        for keys, futures, at in batch.misses:
+            self._fetch_for_loop(loop, keys, futures, at)
 
+    def _fetch_for_loop(
+        self, loop: asyncio.AbstractEventLoop, keys: list[StateKey], futures: list[asyncio.Future[bytes | None]], at: ReadPoint
+    ) -> None:
         def resolve(values: list[bytes | None] | None, error: BaseException | None) -> None:
             for i, future in enumerate(futures):
                 if future.done():  # cancelled by its awaiter
@@ -741,6 +787,8 @@ class RemoteReadBackend:
 
     def _release_pending(self, complete_id: int, etag: str = "") -> None:
         """Checkpoint ``complete_id`` is complete: pending deltas up to it are now in the pool; read there."""
+        if self._async_batches:
+            self._seal_async_reads()
         if self._read_checkpoint is None or complete_id > self._read_checkpoint:
             self._cache.drop_operator_state()
         keep = []
@@ -933,6 +981,8 @@ class RemoteReadBackend:
 
     def _begin_attempt(self, key_groups: tuple[int, int], epoch: int, base: int | None, etag: str) -> None:
         """Hold a new attempt's range and epoch, reading from ``base`` (None: nothing); unsaved writes and the cache go (locks held)."""
+        if self._async_batches:
+            self._seal_async_reads()
         self.key_groups = key_groups
         self.epoch = epoch
         self.fenced = False

@@ -475,3 +475,24 @@ def test_a_checkpoint_of_per_key_writes_and_put_many_runs_under_a_warm_table(mem
         model.pop((OP_COUNT, KEYS[4]))
         assert b.cache_stats["warm_stale_keys"] == 5
         assert b.get_many(OP_COUNT, KEYS[:400]) == [model.get((OP_COUNT, k)) for k in KEYS[:400]]
+
+
+def test_async_reads_issued_before_a_write_or_a_new_attempt_answer_as_of_their_issue(memory_pool_address: str) -> None:
+    """An aget batch is looked up at its flush, or earlier: a write, a completion or a restore first looks up what was issued."""
+    job, model = _job(), {}
+    _load(memory_pool_address, job, model)
+    with RemoteReadBackend.connect(memory_pool_address, job, config=BackendConfig(warm_up="off")) as b:
+        b.restore()
+        b.put(OP_COUNT, KEYS[20], b"local")
+
+        async def scenario() -> tuple:
+            local_then_overwritten = b.aget(OP_COUNT, KEYS[20])
+            pooled = b.aget(OP_COUNT, KEYS[21])
+            b.put_many(OP_COUNT, [KEYS[20], KEYS[21]], [b"later", b"later"])
+            assert b.snapshot(2).checkpoint.complete  # both writes are in checkpoint 2 now
+            before_fresh = b.aget(OP_COUNT, KEYS[22])
+            b.start_fresh()  # a new attempt with nothing in it
+            after_fresh = b.aget(OP_COUNT, KEYS[22])
+            return await local_then_overwritten, await pooled, await before_fresh, await after_fresh
+
+        assert asyncio.run(scenario()) == (b"local", model[(OP_COUNT, KEYS[21])], model[(OP_COUNT, KEYS[22])], None)
