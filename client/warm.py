@@ -36,8 +36,8 @@ class WarmPlan:
 
     groups: tuple[int, ...]  # ascending
     chunks: tuple[tuple[int, int], ...]  # contiguous (lo, hi) scans
-    expected_bytes: int
-    range_bytes: int
+    expected_bytes: int  # the memory the chosen key groups are expected to take, their index included
+    range_bytes: int  # stored bytes of the whole range
     state: str  # "full", "partial" or "none"
 
 
@@ -58,33 +58,33 @@ def plan_warm_up(
     """
     groups = list(range(lo, hi + 1))
     overhead = 1.0 + (INDEX_BYTES_PER_ROW / bytes_per_row if bytes_per_row > 0 else 0.0)
-    key_group_bytes = [int(b * overhead) for b in key_group_bytes]
-    operator_bytes = int(operator_bytes * overhead)
-    per_group = [key_group_bytes[g] for g in groups]
-    range_bytes = sum(per_group) + operator_bytes
-    if range_bytes <= budget:
+    stored = [int(b) for b in key_group_bytes]
+    cost = [int(b * overhead) for b in stored]  # what a key group takes in memory once loaded and indexed
+    operator_cost = int(operator_bytes * overhead)
+    range_bytes = sum(stored[g] for g in groups) + operator_bytes  # as stored: what the table's memory is compared with
+    if sum(cost[g] for g in groups) + operator_cost <= budget:
         chosen = groups
         state = "full"
     else:
-        room = budget - operator_bytes
+        room = budget - operator_cost
         chosen = []
         for g in sorted(groups, key=lambda g: (-reads_by_group[g], g)):
-            if key_group_bytes[g] <= room:
+            if cost[g] <= room:
                 chosen.append(g)
-                room -= key_group_bytes[g]
+                room -= cost[g]
         chosen.sort()
         state = "partial" if chosen else "none"
-    expected = sum(int(key_group_bytes[g]) for g in chosen) + (operator_bytes if chosen else 0)
-    chunk_limit = max(MIN_CHUNK_BYTES, range_bytes // CHUNKS_PER_RANGE)
+    expected = sum(cost[g] for g in chosen) + (operator_cost if chosen else 0)
+    chunk_limit = max(MIN_CHUNK_BYTES, range_bytes // CHUNKS_PER_RANGE)  # a scan's size: stored bytes
     chunks: list[tuple[int, int]] = []
     size = 0
     for g in chosen:
-        if chunks and chunks[-1][1] == g - 1 and size + key_group_bytes[g] <= chunk_limit:
+        if chunks and chunks[-1][1] == g - 1 and size + stored[g] <= chunk_limit:
             chunks[-1] = (chunks[-1][0], g)
-            size += int(key_group_bytes[g])
+            size += stored[g]
         else:
             chunks.append((g, g))
-            size = int(key_group_bytes[g])
+            size = stored[g]
     return WarmPlan(tuple(chosen), tuple(chunks), expected, range_bytes, state)
 
 
