@@ -96,7 +96,7 @@ def _binary_array(data: Sequence[bytes] | pa.Array | pa.ChunkedArray, what: str)
         array = pa.array(data if isinstance(data, list) else list(data))
     except (TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise InvalidArgumentError(f"put_many {what} must all be bytes: {exc}") from None
-    if pa.types.is_null(array.type) and array.null_count == len(array) and len(array) == 0:
+    if len(array) == 0:  # an empty list infers the null type
         return pa.array([], pa.binary())
     if not pa.types.is_binary(array.type):
         raise InvalidArgumentError(f"put_many {what} must all be bytes, got {array.type} values")
@@ -652,21 +652,17 @@ class RemoteReadBackend:
                 )
             return self._coalescer
 
-    def _issue_read(self, op_id: int, key_bytes: bytes) -> tuple[StateKey, bool, bytes | None, ReadPoint]:
-        """An asynchronous read as it is issued: its key, what the local layers say now, and where the pool would answer."""
-        self._check_open()
-        k = self._read_key(op_id, key_bytes)
-        with self._lock:
-            found, value = self._local(k)
-            return k, found, value, self._read_point()
-
     def get_async(self, op_id: int, key_bytes: bytes) -> Future[bytes | None]:
         """A future of the key's current value: answered at once from local layers, else batched with other reads.
 
         Reads issued within ``read_batch_window_s`` of each other (from any thread) go to the pool in one MultiGet. A read
         sees every write this backend took before it was issued. Bad input raises here, not in the future.
         """
-        k, found, value, at = self._issue_read(op_id, key_bytes)
+        self._check_open()
+        k = self._read_key(op_id, key_bytes)
+        with self._lock:
+            found, value = self._local(k)
+            at = self._read_point()
         future: Future[bytes | None] = Future()
         if found:
             future.set_result(value)

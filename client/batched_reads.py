@@ -10,7 +10,6 @@ from typing import Any
 
 from client.errors import InvalidArgumentError
 
-FETCH_THREADS = 1
 Deliver = Callable[[list, BaseException | None], None]
 Fetch = Callable[[list, Any], list]  # (keys, the read point they were issued at) -> values
 Entry = tuple[list, Deliver, Any]
@@ -34,9 +33,8 @@ class ReadCoalescer:
         self._cond = threading.Condition()
         self.batches = 0  # fetches made (each one MultiGet call of the backend)
         # one fetch in flight: a second MultiGet beside it costs more (per call, and in the GIL) than waiting for the first
-        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(FETCH_THREADS)]
-        for thread in self._threads:
-            thread.start()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
 
     def submit(self, keys: list, deliver: Deliver, at: Any = None, now: bool = False) -> None:
         """Queue keys; ``deliver`` gets their values in order, or the error of their fetch.
@@ -80,8 +78,6 @@ class ReadCoalescer:
             batch, self._queue = self._queue[:taken], self._queue[taken:]
             self._queued_keys -= keys
             self._urgent = self._urgent and bool(self._queue)
-            if self._queue:
-                self._cond.notify()  # more is queued: another fetch thread takes it
             return batch
 
     def _run(self) -> None:

@@ -146,11 +146,11 @@ class WarmTable:
         The rows are copied into hash order (the scan's buffers are let go); False when they would not fit, and nothing is kept.
         """
         table = table.select(["op_id", "key_bytes", "value_bytes"])
-        lead = snapshot.leading_bytes(table.column("key_bytes").combine_chunks()) if table.num_rows else np.zeros(0, np.uint8)
-        keyed = lead < NUM_KEY_GROUPS
         if self.bytes + table.nbytes > self.budget:  # the decoded rows alone do not fit: not worth indexing
             self.dropped = True
             return False
+        lead = snapshot.leading_bytes(table.column("key_bytes").combine_chunks()) if table.num_rows else np.zeros(0, np.uint8)
+        keyed = lead < NUM_KEY_GROUPS
         keyed_index = KeyIndex.build_compact(table if keyed.all() else table.filter(pa.array(keyed))).prepare()
         operator_index = KeyIndex.build_compact(table.filter(pa.array(~keyed))).prepare() if first else None
         size = sum(index.nbytes for index in (keyed_index, operator_index) if index is not None)
@@ -269,5 +269,4 @@ class WarmTable:
 
 def table_of_scan(blob: bytes) -> pa.Table:
     """The rows of a canonical scan stream (checked by the format reader)."""
-    table = snapshot.read_snapshot(blob).table
-    return table.replace_schema_metadata(None) if table.num_rows else table
+    return snapshot.read_snapshot(blob).table

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -94,3 +97,43 @@ def pool_address(pool_store: ObjectStore) -> Iterator[str]:
         yield server.address
     finally:
         server.stop(0)
+
+
+@contextmanager
+def counted(backend: Any, method: str) -> Iterator[list[int]]:
+    """Count a backend's calls of one PoolClient method (the real one still runs)."""
+    calls = [0]
+    pool = backend.pool
+    real = getattr(pool, method)
+
+    def spy(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    setattr(pool, method, spy)
+    try:
+        yield calls
+    finally:
+        delattr(pool, method)
+
+
+@contextmanager
+def held_first_call(backend: Any, method: str) -> Iterator[tuple[threading.Event, threading.Event, list[int]]]:
+    """A backend's first call of a PoolClient method waits for ``gate`` (``entered`` says it is waiting); counts calls."""
+    gate, entered, calls = threading.Event(), threading.Event(), [0]
+    pool = backend.pool
+    real = getattr(pool, method)
+
+    def held(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 1:
+            entered.set()
+            gate.wait(10)
+        return real(*args, **kwargs)
+
+    setattr(pool, method, held)
+    try:
+        yield gate, entered, calls
+    finally:
+        gate.set()
+        delattr(pool, method)

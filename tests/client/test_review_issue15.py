@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from client import BackendConfig, PoolClient, RemoteReadBackend
-from tests.client_fixtures import OP_COUNT, keyed_keys
+from tests.client_fixtures import OP_COUNT, counted, held_first_call, keyed_keys
 
 KEYS = keyed_keys(40, seed=1515)
 # 5120 small rows spread over every key group: two-byte keys, so a row's fixed Arrow overhead dominates its bytes
@@ -32,28 +29,6 @@ def _range_bytes(address: str, job: str) -> int:
         total = pool.list_checkpoints(job)[0].range_bytes(0, 127)
     assert total
     return total
-
-
-@contextmanager
-def held_first_call(backend: RemoteReadBackend, method: str) -> Iterator[tuple[threading.Event, threading.Event, list[int]]]:
-    """The backend's first call of a PoolClient method waits for ``gate`` (``entered`` says it is waiting); counts calls."""
-    gate, entered, calls = threading.Event(), threading.Event(), [0]
-    pool = backend.pool
-    real = getattr(pool, method)
-
-    def held(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 1:
-            entered.set()
-            gate.wait(10)
-        return real(*args, **kwargs)
-
-    setattr(pool, method, held)
-    try:
-        yield gate, entered, calls
-    finally:
-        gate.set()
-        delattr(pool, method)
 
 
 # -- 1. the read cache keeps a value that a put_many run (or a write folded into a run) replaced ------------------------
@@ -222,18 +197,11 @@ def test_writes_outside_the_partial_warm_tables_key_groups_do_not_reload_it(memo
         assert b.cache_stats["warm_state"] == "partial"
         loaded = set(b._warm.loaded_groups)
         cold = [k for k in SMALL_KEYS if k[0] not in loaded]
-        scans = [0]
-        real = b.pool.scan_checkpoint
-
-        def counting(*args, **kwargs):
-            scans[0] += 1
-            return real(*args, **kwargs)
-
-        b.pool.scan_checkpoint = counting  # type: ignore[method-assign]
-        for cid in (2, 3, 4):
-            b.put_many(OP_COUNT, cold[:100], [b"new-%d" % cid] * 100)  # only key groups the warm table does not hold
-            assert b.snapshot(cid).checkpoint.complete
-            assert b.wait_warm(10)
+        with counted(b, "scan_checkpoint") as scans:
+            for cid in (2, 3, 4):
+                b.put_many(OP_COUNT, cold[:100], [b"new-%d" % cid] * 100)  # only key groups the warm table does not hold
+                assert b.snapshot(cid).checkpoint.complete
+                assert b.wait_warm(10)
         assert scans[0] == 0, f"writes to key groups the warm table never held rescanned it {scans[0]} times in 3 checkpoints"
     finally:
         b.close()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
@@ -15,7 +13,7 @@ import pytest
 import snapshot
 from client import BackendConfig, ClinkError, InvalidArgumentError, PoolClient, RemoteReadBackend, UnavailableError
 from client.warm import plan_warm_up
-from tests.client_fixtures import OFFSET_KEY, OP_COUNT, OP_SOURCE, OP_WINDOW, TWO, keyed_keys
+from tests.client_fixtures import OFFSET_KEY, OP_COUNT, OP_SOURCE, OP_WINDOW, TWO, counted, held_first_call, keyed_keys
 
 KEYS = keyed_keys(600, seed=15)
 
@@ -26,24 +24,6 @@ def _job() -> str:
 
 def _binary(values: list[bytes]) -> pa.Array:
     return pa.array(values, pa.binary())
-
-
-@contextmanager
-def counted(backend: RemoteReadBackend, method: str) -> Iterator[list[int]]:
-    """Count the backend's calls of one PoolClient method (the real one still runs)."""
-    calls = [0]
-    pool = backend.pool
-    real = getattr(pool, method)
-
-    def spy(*args, **kwargs):
-        calls[0] += 1
-        return real(*args, **kwargs)
-
-    setattr(pool, method, spy)
-    try:
-        yield calls
-    finally:
-        delattr(pool, method)
 
 
 def _load(address: str, job: str, model: dict[tuple[int, bytes], bytes], rows: int = 400) -> None:
@@ -170,28 +150,19 @@ def test_auto_warm_up_returns_from_restore_at_once_and_reads_go_to_the_pool_mean
     job, model = _job(), {}
     _load(memory_pool_address, job, model)
     b = RemoteReadBackend.connect(memory_pool_address, job, config=BackendConfig(warm_up="auto"))
-    gate, entered = threading.Event(), threading.Event()
-    real_scan = b.pool.scan_checkpoint
-
-    def held_scan(*args, **kwargs):
-        entered.set()
-        assert gate.wait(10)
-        return real_scan(*args, **kwargs)
-
-    b.pool.scan_checkpoint = held_scan  # type: ignore[method-assign]
     try:
-        b.restore()  # returns while the scan is held
-        assert entered.wait(10) and b.cache_stats["warm_state"] == "loading"
-        with counted(b, "multi_get_at") as calls:
-            assert b.get(OP_COUNT, KEYS[3]) == model[(OP_COUNT, KEYS[3])]
-        assert calls[0] == 1
-        gate.set()
-        assert b.wait_warm(10) and b.cache_stats["warm_state"] == "full"
+        with held_first_call(b, "scan_checkpoint") as (gate, entered, _):
+            b.restore()  # returns while the scan is held
+            assert entered.wait(10) and b.cache_stats["warm_state"] == "loading"
+            with counted(b, "multi_get_at") as calls:
+                assert b.get(OP_COUNT, KEYS[3]) == model[(OP_COUNT, KEYS[3])]
+            assert calls[0] == 1
+            gate.set()
+            assert b.wait_warm(10) and b.cache_stats["warm_state"] == "full"
         with counted(b, "multi_get_at") as calls:
             assert b.get_many(OP_COUNT, KEYS[:400]) == [model[(OP_COUNT, k)] for k in KEYS[:400]]
         assert calls[0] == 0
     finally:
-        gate.set()
         b.close()
 
 
@@ -319,24 +290,17 @@ def test_a_restore_during_a_warm_up_drops_the_older_load(memory_pool_address: st
     job, model = _job(), {}
     _load(memory_pool_address, job, model)
     b = RemoteReadBackend.connect(memory_pool_address, job, config=BackendConfig(warm_up="auto"))
-    gate = threading.Event()
-    real_scan = b.pool.scan_checkpoint
-
-    def held_scan(*args, **kwargs):
-        assert gate.wait(10)
-        return real_scan(*args, **kwargs)
-
-    b.pool.scan_checkpoint = held_scan  # type: ignore[method-assign]
     try:
-        b.restore()
-        first = b._warm
-        b.restore(key_groups=(0, 63))
-        gate.set()
-        assert b.wait_warm(10)
+        with held_first_call(b, "scan_checkpoint") as (gate, entered, _):
+            b.restore()
+            first = b._warm
+            assert entered.wait(10)  # the first attempt's scan is held...
+            b.restore(key_groups=(0, 63))  # ...while a second restore starts a load of its own
+            gate.set()
+            assert b.wait_warm(10)
         assert b._warm is not first and b.cache_stats["warm_key_groups"] == "0-63"
         assert first is not None and first.rows == 0  # the older attempt's scan was never taken in
     finally:
-        gate.set()
         b.close()
 
 
