@@ -441,13 +441,7 @@ class RemoteReadBackend:
         with self._lock:
             if self._async_batches:
                 self._seal_async_reads()
-            delta = self._delta
-            top = delta.top
-            old = top.get(k, _MISSING)
-            if old is not _MISSING:
-                delta.bytes -= _entry_bytes(k, old)
-            top[k] = value
-            delta.bytes += _entry_bytes(k, value)
+            self._delta.put(k, value)
 
     def put(self, op_id: int, key_bytes: bytes, value: bytes) -> None:
         """Write a value into the hot delta."""

@@ -18,8 +18,8 @@ Entry = tuple[list, Deliver, Any]
 class ReadCoalescer:
     """Queued reads, fetched by one thread: a batch's first read waits ``window_s`` for others (up to ``max_keys``).
 
-    While fetches are in flight the next batch gathers, so under load batches grow on their own (as group commit does).
-    Each submitter's ``deliver(values, error)`` is called once, on a coalescer thread.
+    While a fetch is in flight the next batch gathers, so under load batches grow on their own (as group commit does).
+    Each submitter's ``deliver(values, error)`` is called once, on the coalescer's thread.
     """
 
     def __init__(self, fetch: Fetch, window_s: float, max_keys: int, name: str = "clink-reads") -> None:
@@ -31,7 +31,6 @@ class ReadCoalescer:
         self._closed = False
         self._urgent = False
         self._cond = threading.Condition()
-        self.batches = 0  # fetches made (each one MultiGet call of the backend)
         # one fetch in flight: a second MultiGet beside it costs more (per call, and in the GIL) than waiting for the first
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -91,7 +90,6 @@ class ReadCoalescer:
             except BaseException as exc:  # every reader of the batch learns why; the thread goes on
                 _deliver_all(batch, [], exc)
                 continue
-            self.batches += 1
             start = 0
             for ks, deliver, _ in batch:
                 _deliver_all([(ks, deliver, None)], values[start : start + len(ks)], None)
