@@ -1035,9 +1035,7 @@ class RemoteReadBackend:
             for i, (chunk_lo, chunk_hi) in enumerate(plan.chunks):
                 if not self._warm_current(attempt, table):
                     return
-                blob = self._pool.scan_checkpoint(self.job, table.base, key_groups=(chunk_lo, chunk_hi), manifest_etag=etag)
-                rows = table_of_scan(blob)
-                del blob
+                rows = table_of_scan(self._pool.scan_checkpoint(self.job, table.base, key_groups=(chunk_lo, chunk_hi), manifest_etag=etag))
                 if not self._warm_current(attempt, table):  # a restore came meanwhile: these rows are an older attempt's
                     return
                 table.add_scan(chunk_lo, chunk_hi, rows, first=i == 0)  # one that does not fit is dropped; the next may

@@ -89,19 +89,14 @@ def plan_warm_up(
 
 
 def format_groups(groups: Sequence[int]) -> str:
-    """Key groups as ranges: "0-31,40-47" ("" for none)."""
-    out: list[str] = []
-    start = prev = None
+    """Key groups (ascending) as ranges: "0-31,40-47" ("" for none)."""
+    runs: list[list[int]] = []
     for g in groups:
-        if prev is not None and g == prev + 1:
-            prev = g
-            continue
-        if start is not None:
-            out.append(f"{start}-{prev}" if start != prev else f"{start}")
-        start = prev = g
-    if start is not None:
-        out.append(f"{start}-{prev}" if start != prev else f"{start}")
-    return ",".join(out)
+        if runs and runs[-1][1] == g - 1:
+            runs[-1][1] = g
+        else:
+            runs.append([g, g])
+    return ",".join(f"{lo}-{hi}" if lo != hi else f"{lo}" for lo, hi in runs)
 
 
 class WarmTable:
@@ -181,16 +176,16 @@ class WarmTable:
         self.state = "failed"
         self.error = f"{type(error).__name__}: {error}"
 
+    def _index_for(self, lead: int, read_checkpoint: int | None) -> KeyIndex | None:
+        """The index that answers keys of this leading byte (operator state: only while ``base`` is still read)."""
+        if lead < NUM_KEY_GROUPS:
+            return self._by_group[lead]
+        return self._operator if read_checkpoint == self.base else None
+
     def lookup(self, key: tuple[int, bytes], read_checkpoint: int | None) -> tuple[bool, bytes | None]:
         """(True, value or None when absent) for a key this table answers, else (False, None)."""
         op_id, key_bytes = key
-        lead = key_bytes[0]
-        if lead < NUM_KEY_GROUPS:
-            index = self._by_group[lead]
-        elif read_checkpoint == self.base:
-            index = self._operator
-        else:
-            return False, None
+        index = self._index_for(key_bytes[0], read_checkpoint)
         if index is None:
             return False, None
         h = hash_key(op_id, key_bytes)
@@ -214,7 +209,7 @@ class WarmTable:
         lead = snapshot.leading_bytes(keys)
         by_index: dict[int, tuple[KeyIndex, list[int]]] = {}
         for i, g in enumerate(lead.tolist()):
-            index = self._by_group[g] if g < NUM_KEY_GROUPS else (self._operator if read_checkpoint == self.base else None)
+            index = self._index_for(g, read_checkpoint)
             if index is not None:
                 by_index.setdefault(id(index), (index, []))[1].append(i)
         if not by_index:

@@ -41,6 +41,15 @@ def hash_key(op_id: int, key: bytes) -> int:
     return _mix64_int(h ^ _mix64_int(op_id & _U64))
 
 
+def binary_parts(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A binary array's offsets (int64, relative to its slice) and its data bytes, as numpy views."""
+    n = len(array)
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=n + 1, offset=array.offset * 4).astype(np.int64)
+    raw = array.buffers()[2]
+    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
+    return offsets, data
+
+
 def _mix64(h: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser: spreads every input bit over the output."""
     with np.errstate(over="ignore"):
@@ -61,9 +70,7 @@ def hash_keys(op_ids: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarra
     out = np.empty(n, dtype=np.uint64)
     if n == 0:
         return out
-    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1, offset=keys.offset * 4).astype(np.int64)
-    raw = keys.buffers()[2]
-    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
+    offsets, data = binary_parts(keys)
     ops = np.asarray(op_ids, dtype=np.uint64)
     for b in range(0, n, _HASH_BLOCK):
         stop = min(b + _HASH_BLOCK, n)
@@ -94,15 +101,6 @@ def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
-def binary_parts(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """A binary array's offsets (int64, relative to its slice) and its data bytes, as numpy views."""
-    n = len(array)
-    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=n + 1, offset=array.offset * 4).astype(np.int64)
-    raw = array.buffers()[2]
-    data = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(0, dtype=np.uint8)
-    return offsets, data
-
-
 @dataclass(frozen=True)
 class KeyIndex:
     """Rows of some segments in one contiguous table, with their (op_id, key) hashes sorted for np.searchsorted."""
@@ -113,13 +111,9 @@ class KeyIndex:
     rows_per_bucket: int = 1  # the bucket table's size: about one entry per this many rows (a walk of about as many)
 
     @classmethod
-    def build(cls, table: pa.Table, copy: bool = True) -> KeyIndex:
-        """Hash every row once (vectorised) and sort the hashes.
-
-        ``copy=False`` keeps a table whose columns are one chunk each as it is (its buffers may be a larger blob's).
-        """
-        if copy or any(c.num_chunks != 1 for c in table.columns):
-            table = table.combine_chunks()
+    def build(cls, table: pa.Table) -> KeyIndex:
+        """Hash every row once (vectorised) and sort the hashes."""
+        table = table.combine_chunks()
         hashes = hash_keys(table.column("op_id").to_numpy(), table.column("key_bytes"))
         order = np.argsort(hashes, kind="stable")
         return cls(table, hashes[order], order)
