@@ -33,6 +33,7 @@ OPERATORS = tuple(snapshot.operator_id(uid) for uid in ("counter", "window"))
 TARGETS = {
     "commit 1% delta / full commit": ("<=", 0.05),
     "MultiGet / raw echo": (">=", 0.25),
+    "Get / raw echo": ("<=", 1.3),
     "scan / raw stream": (">=", 0.50),
     "scan peak memory / stream": ("<=", 3.0),
 }
@@ -220,6 +221,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="keys in the state (default 1,000,000)")
     parser.add_argument("--delta", type=float, default=0.01, help="fraction of the state a delta touches (default 0.01)")
     parser.add_argument("--keys", type=int, default=1000, help="keys per MultiGet (default 1000)")
+    parser.add_argument("--gets", type=int, default=1000, help="single Gets per timed round, of the MultiGet's keys (default 1000)")
     parser.add_argument("--seconds", type=float, default=3.0, help="time per rate measurement")
     parser.add_argument("--store", choices=["file", "moto"], default="file", help="object store behind the pool (default file)")
     parser.add_argument("--scan-memory-child", nargs=3, metavar=("URI", "JOB", "CID"), help=argparse.SUPPRESS)
@@ -338,6 +340,53 @@ def main() -> None:
     )
     echo_server.stop()
     echo_channel.close()
+
+    # 2b. single Gets one after another vs raw unary echoes of the same request and response bytes
+    get_requests = [
+        pb.GetRequest(job=job, checkpoint_id=last_cid, op_id=op, key_bytes=key, manifest_etag=response.manifest_etag)
+        for op, key, hit in zip(request.op_ids, keys, response.found, strict=True)
+        if hit  # found keys only: every response carries one value, as the echo's does
+    ][: args.gets]
+    # each key read once first: its segments and indexes are cached, so the store is not what is timed
+    get_replies = [stub.Get(r, timeout=60) for r in get_requests]
+    assert all(r.found for r in get_replies), "the picked keys were found by MultiGet"
+    get_echo_server = EchoServer(get_replies[0].SerializeToString(), [])
+    get_echo_channel = grpc.insecure_channel(f"127.0.0.1:{get_echo_server.port}", options=grpc_options(MAX_MESSAGE))
+    get_echo = get_echo_channel.unary_unary(
+        ECHO_METHOD, request_serializer=pb.GetRequest.SerializeToString, response_deserializer=pb.GetResponse.FromString
+    )
+
+    def per_call(call: Callable[..., object]) -> float:
+        """Seconds per call of ``call`` over every Get request in turn, each call waiting for the one before."""
+        start = time.perf_counter()
+        for r in get_requests:
+            call(r, timeout=60)
+        return (time.perf_counter() - start) / len(get_requests)
+
+    per_call(get_echo)  # connection up before the first round
+    # interleaved rounds, median ratio: other load on the machine hits both sides of a round alike
+    get_rounds = [(per_call(stub.Get), per_call(get_echo)) for _ in range(5)]
+    get_seconds, get_echo_seconds = sorted(get_rounds, key=lambda r: r[0] / r[1])[len(get_rounds) // 2]
+    results["Get / raw echo"] = get_seconds / get_echo_seconds
+    # the gRPC face's own cost: the same RPC with the core's answer precomputed (servicer + interceptor + protobuf only)
+    canned_get = (True, get_replies[0].value, get_replies[0].checkpoint_id, get_replies[0].manifest_etag)
+    real_get = server.core.get_with_etag
+    server.core.get_with_etag = lambda *_a, **_k: canned_get  # type: ignore[method-assign]
+    get_face_seconds = per_call(stub.Get)
+    server.core.get_with_etag = real_get  # type: ignore[method-assign]
+    core_get_seconds = min(
+        timed(lambda: [real_get(job, last_cid, r.op_id, r.key_bytes, r.manifest_etag) for r in get_requests])[0] for _ in range(3)
+    ) / len(get_requests)
+    print(
+        f"  Get, {len(get_requests)} cached keys one after another: {get_seconds * 1e6:.0f} us per call; raw echo of the same "
+        f"{get_requests[0].ByteSize()} B in / {get_replies[0].ByteSize()} B out: {get_echo_seconds * 1e6:.0f} us"
+    )
+    print(
+        f"    where the time goes: gRPC face alone (core answer canned) {get_face_seconds * 1e6:.0f} us = "
+        f"{get_face_seconds / get_echo_seconds:.2f} of echo; PoolCore.get_with_etag alone {core_get_seconds * 1e6:.1f} us per call"
+    )
+    get_echo_server.stop()
+    get_echo_channel.close()
 
     # 3. ScanCheckpoint of the whole state vs raw streaming of the same chunks
     scan_request = pb.ScanCheckpointRequest(job=job, checkpoint_id=last_cid)

@@ -833,7 +833,8 @@ class RemoteReadBackend:
                 parent = self._parent_id
             try:
                 writer = snapshot.SnapshotArrowWriter(self.state_versions, changelog=True)
-                blob = writer.write_buffer(shipping.changelog_table())
+                # in the data file's order: the pool then only checks it (one pass), no sort and no copy of the delta
+                blob = writer.write_buffer(snapshot.sort_for_layout(shipping.changelog_table()))
                 result = self._pool.commit_checkpoint(
                     self.job,
                     checkpoint_id,

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from pool.budget import COMMIT_WORKING_FACTOR, Holding, MemoryBudget
 from pool.domain import MAX_CHECKPOINT_ID, CheckpointInfo, CommitRequest, CommitResult, KeyGroupRange, PoolConfig
+from pool.point_read import PointReads
 from pool.protocol import CommitProtocol, incomplete_info, info_of, remove_checkpoint
 from pool.streaming import stream_chunks
 from pool.writers import Fencing
@@ -22,11 +23,13 @@ from snapshot import (
     SnapshotArrowWriter,
     StateVersionMap,
     filter_key_groups,
+    has_adjacent_repeats,
     leading_bytes,
     operator_id,
     overlay,
     read_snapshot,
     replay_changelog,
+    sort_for_layout,
 )
 from snapshot.errors import (
     ConflictError,
@@ -58,6 +61,17 @@ def _uint64s(values: Sequence[int] | np.ndarray) -> np.ndarray:
     except (TypeError, ValueError, OverflowError):
         bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _U64), values)
         raise InvalidArgumentError(f"op_id {bad!r} must be a uint64") from None
+
+
+def _binary_keys(keys: Sequence[bytes]) -> pa.Array:
+    """Keys as one binary array; InvalidArgumentError for anything that is not bytes (None included)."""
+    try:
+        key_array = pa.array(keys, pa.binary())
+    except (TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InvalidArgumentError(f"keys must be bytes: {exc}") from exc
+    if key_array.null_count:
+        raise InvalidArgumentError("keys must be bytes, not None")
+    return key_array
 
 
 def _check_id(value: object, what: str, lo: int) -> int:
@@ -117,16 +131,22 @@ class PoolCore:
         self.budget = MemoryBudget(config.request_memory_bytes)
         self.fencing = Fencing(store, config.max_cas_attempts, clock=clock)
         self.protocol = CommitProtocol(store, self.fencing, self.reader, config, clock)
+        self.point_reads = PointReads()
         self._readers: dict[str, CheckpointReader] = {}
         self._lock = threading.Lock()
 
     # ---- helpers ----------------------------------------------------------------------------------------------
 
     def _job(self, job: object) -> str:
+        if type(job) is str and job in self._readers:  # checked when its reader was made (a point read asks up to four times)
+            return job
         return validate_job(job, self.config.max_job_id_bytes)
 
     def reader(self, job: str) -> CheckpointReader:
         """The (cached) checkpoint reader of a job, sharing this core's segment cache."""
+        reader = self._readers.get(job) if type(job) is str else None
+        if reader is not None:  # made for a valid job id, and never replaced: no lock needed to read it
+            return reader
         job = self._job(job)
         with self._lock:
             reader = self._readers.get(job)
@@ -163,6 +183,7 @@ class PoolCore:
     def forget_manifest(self, job: str, checkpoint_id: int) -> None:
         """Drop a cached manifest (its _metadata was replaced or deleted by this process)."""
         self.reader(job).forget(checkpoint_id)
+        self.protocol.forget_parent(job, checkpoint_id)
 
     def stats(self) -> dict[str, int]:
         """Counters for metrics: cache hits/misses and bytes moved at the store."""
@@ -215,8 +236,11 @@ class PoolCore:
 
     def _read_delta(self, request: CommitRequest, chunks: Iterable[bytes], held: Holding) -> pa.Table:
         """The resolved changelog of the delta (one row per key), checked against the writer's range."""
-        data = b"".join(self._bounded_chunks(request, chunks, held))
-        if not data:
+        received = bytearray()  # chunks appended as they arrive (grown in place): no list of them beside their join
+        for chunk in self._bounded_chunks(request, chunks, held):
+            received += chunk
+        data = pa.py_buffer(received)  # zero-copy: the rows decoded below point into it
+        if not data.size:
             return _as_changelog(
                 pa.table(
                     {"op_id": pa.array([], pa.uint64()), "key_bytes": pa.array([], pa.binary()), "value_bytes": pa.array([], pa.binary())}
@@ -227,8 +251,8 @@ class PoolCore:
             snap = read_snapshot(data)
         except (CorruptSnapshotError, UnsupportedFormatVersionError) as exc:
             raise InvalidArgumentError(f"delta of checkpoint {request.checkpoint_id} is not a valid snapshot stream: {exc}") from exc
-        table = replay_changelog(_as_changelog(snap.table.replace_schema_metadata(None), snap.is_changelog))
-        if table.num_rows:
+        table = _as_changelog(snap.table.replace_schema_metadata(None), snap.is_changelog)
+        if table.num_rows:  # checked in the order sent, so an error names the row the client sent
             keys = table.column("key_bytes")
             empty = pc.equal(pc.binary_length(keys), 0).to_numpy(zero_copy_only=False)
             if empty.any():
@@ -241,6 +265,13 @@ class PoolCore:
                 raise InvalidArgumentError(
                     f"delta holds {int(outside.sum())} row(s) outside the writer's key groups {kg}; the first is in key group {first}"
                 )
+            del keys
+        # sorted (a stable sort: a key's rows keep their order), so repeated keys sit side by side and replay runs only if
+        # there are any; the sort's copy is the only one, and the received bytes go once it is made
+        table = sort_for_layout(table)
+        del snap, data, received
+        if has_adjacent_repeats(table):
+            table = replay_changelog(table)
         return table
 
     def _bounded_chunks(self, request: CommitRequest, chunks: Iterable[bytes], held: Holding) -> Iterator[bytes]:
@@ -260,7 +291,8 @@ class PoolCore:
     def commit_checkpoint(self, request: CommitRequest, delta_chunks: Iterable[bytes], holder: str | None = None) -> CommitResult:
         """Stage one range of checkpoint N and complete it once the valid parts tile 0..127 (pool/protocol.py)."""
         job, operators, versions = self._validate_request(request)
-        self.fencing.check(job, request.key_groups, request.epoch)  # before the body is read: a fenced writer uploads nothing
+        # before the body is read: a writer this pool saw fenced uploads nothing (the table read after its part decides, I2)
+        seen = self.fencing.check_seen(job, request.key_groups, request.epoch)
         with (
             self.budget.holding(holder) as held
         ):  # holder: the caller's token, whose share of the budget this counts against  # what every commit and scan overlay in flight holds, in all, is bounded
@@ -275,14 +307,32 @@ class PoolCore:
                 operators,
                 versions,
                 retry=request.attempt > 0,
+                seen=seen,
             )
 
     # ---- reads ------------------------------------------------------------------------------------------------
 
     def get(self, job: str, checkpoint_id: int, op_id: int, key: bytes, manifest_etag: str | None = None) -> tuple[bool, bytes, int]:
         """One point read at checkpoint N (0 = latest complete): (found, value, checkpoint id answered)."""
-        found, values, cid = self.multi_get(job, checkpoint_id, [op_id], [key], manifest_etag)
-        return bool(found[0]), values[0], cid
+        found, value, cid, _ = self.get_with_etag(job, checkpoint_id, op_id, key, manifest_etag)
+        return found, value, cid
+
+    def get_with_etag(
+        self, job: str, checkpoint_id: int, op_id: int, key: bytes, manifest_etag: str | None = None
+    ) -> tuple[bool, bytes, int, str]:
+        """get, and the etag of the _metadata the answer was read from; the same answer as multi_get of the one key.
+
+        It builds no arrays (pool.point_read): pyarrow's kernels release the GIL, and on a busy server each release
+        can cost a wait for the GIL far longer than the kernel itself.
+        """
+        job = self._job(job)
+        if type(key) is not bytes or type(op_id) is not int or not 0 <= op_id <= _U64:
+            # numpy ints, bytearrays, str: converted (or refused, with the same message) as multi_get converts them
+            op_id, key = int(_uint64s([op_id])[0]), _binary_keys([key])[0].as_py()
+        self.check_multi_get_size(1, len(key))
+        manifest, etag = self.resolve(job, checkpoint_id, manifest_etag)
+        found, value = self.point_reads.lookup(self.reader(job), manifest, op_id, key)
+        return found, value, manifest.checkpoint_id, etag
 
     def multi_get(
         self, job: str, checkpoint_id: int, op_ids: Sequence[int], keys: Sequence[bytes], manifest_etag: str | None = None
@@ -313,12 +363,7 @@ class PoolCore:
             raise InvalidArgumentError(f"{len(op_ids)} op_ids for {len(keys)} keys; they must pair up")
         self.check_multi_get_size(len(keys), None)
         ops = _uint64s(op_ids)
-        try:
-            key_array = pa.array(keys, pa.binary())
-        except (TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise InvalidArgumentError(f"keys must be bytes: {exc}") from exc
-        if key_array.null_count:
-            raise InvalidArgumentError("keys must be bytes, not None")
+        key_array = _binary_keys(keys)
         self.check_multi_get_size(len(key_array), key_array.buffers()[2].size if key_array.buffers()[2] is not None else 0)
         manifest = self._resolve(job, checkpoint_id, manifest_etag)
         found, values = self.reader(job).lookup_values(manifest, ops, key_array)

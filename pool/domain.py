@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from snapshot import NUM_KEY_GROUPS, check_key_group_range
 from snapshot.errors import InvalidArgumentError
-from store.datafile import DEFAULT_SEGMENT_TARGET_BYTES
+from store.datafile import DEFAULT_BLOCK_TARGET_BYTES, DEFAULT_SEGMENT_TARGET_BYTES
 
 MAX_CHECKPOINT_ID = (1 << 63) - 1
 
@@ -19,6 +19,7 @@ class PoolConfig:
     scan_chunk_bytes: int = 1 << 20
     max_job_id_bytes: int = 128
     segment_target_bytes: int = DEFAULT_SEGMENT_TARGET_BYTES
+    block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES  # a point read's unit: one record batch of about this many bytes
     max_cas_attempts: int = 64
     resolved_index_after: int = 8  # point-read batches on one checkpoint before its merged view is indexed (-1: never)
     # a commit that takes longer publishes nothing: GC's minimum age (which must exceed this) protects its new files
@@ -35,6 +36,9 @@ class PoolConfig:
     def __post_init__(self) -> None:
         if not self.max_commit_s > 0:
             raise InvalidArgumentError(f"max_commit_s = {self.max_commit_s} must be positive")
+        for name in ("segment_target_bytes", "block_target_bytes"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise InvalidArgumentError(f"{name} = {getattr(self, name)!r} must be a positive number of bytes")
 
 
 @dataclass(frozen=True)

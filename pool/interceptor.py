@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from pool.admission import OPEN_LANE, REFLECTION_LANE, WORK_LANE, Admission, Ticket, tag
+from pool.admission import OPEN_LANE, REFLECTION_LANE, WORK_LANE, Admission, Ticket, attach, tag
 from pool.errors import ERROR_ATTRIBUTES_METADATA_KEY, ERROR_CLASS_METADATA_KEY, describe, status_for
 from snapshot.errors import ClinkError, InvalidArgumentError, error_attributes
 
@@ -162,25 +162,22 @@ class StatusInterceptor(grpc.ServerInterceptor):
             ticket = self.admission.admit(lane, holder) if self.admission is not None else None
         except ClinkError as exc:
             return self._refusal(method, exc)
-        if handler.request_deserializer is not None:
-            handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
-        if ticket is not None:  # a message has arrived: decoding it is the pool's time, not the client's
-            handler = handler._replace(request_deserializer=_arrived(handler.request_deserializer, ticket))
+        # built per call (the ticket is the call's), so one wrapper per direction and one _replace: each costs every call
+        wrapped: dict[str, Callable] = {
+            "request_deserializer": _request_decoder(handler.request_deserializer, method, ticket, self.observer)
+        }
         if self.observer is not None:
             # bytes are counted where grpc hands them over (free), not with ByteSize() walking every message again
-            handler = handler._replace(
-                request_deserializer=_counting_deserializer(handler.request_deserializer, method, self.observer),
-                response_serializer=_counting_serializer(handler.response_serializer, method, self.observer),
-            )
+            wrapped["response_serializer"] = _counting_serializer(handler.response_serializer, method, self.observer)
         if handler.unary_unary is not None:
-            handler = handler._replace(unary_unary=self._one_response(method, handler.unary_unary, _decoded_one, ticket))
+            wrapped["unary_unary"] = self._one_response(method, handler.unary_unary, _decoded_one, ticket)
         elif handler.stream_unary is not None:
-            handler = handler._replace(stream_unary=self._one_response(method, handler.stream_unary, _decoded_stream, ticket))
+            wrapped["stream_unary"] = self._one_response(method, handler.stream_unary, _decoded_stream, ticket)
         elif handler.unary_stream is not None:
-            handler = handler._replace(unary_stream=self._streamed_response(method, handler.unary_stream, _decoded_one, ticket))
+            wrapped["unary_stream"] = self._streamed_response(method, handler.unary_stream, _decoded_one, ticket)
         elif handler.stream_stream is not None:
-            handler = handler._replace(stream_stream=self._streamed_response(method, handler.stream_stream, _decoded_stream, ticket))
-        return _tagged(handler, ticket) if ticket is not None else handler
+            wrapped["stream_stream"] = self._streamed_response(method, handler.stream_stream, _decoded_stream, ticket)
+        return handler._replace(**wrapped)
 
     def _refusal(self, method: str, exc: ClinkError) -> grpc.RpcMethodHandler:
         """A handler answering ``exc`` at once from the open lane, without reading the request (it may be large, or never come)."""
@@ -210,7 +207,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
             call.waiting()  # grpc now sends the response: the client must take it
             return response
 
-        return wrapped
+        return attach(wrapped, ticket) if ticket is not None else wrapped
 
     def _streamed_response(self, method: str, behavior: Callable, decode: Callable[[Any, _Call], Any], ticket: Ticket | None) -> Callable:
         """A handler answering with a stream: ``decode`` checks the request before ``behavior`` sees it."""
@@ -220,7 +217,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
             call.working()
             yield from _guarded_stream(lambda: behavior(decode(request, call), context), call, context)
 
-        return wrapped
+        return attach(wrapped, ticket) if ticket is not None else wrapped
 
 
 def _tagged(handler: grpc.RpcMethodHandler, ticket: Ticket) -> grpc.RpcMethodHandler:
@@ -242,10 +239,20 @@ class _Undecodable:
         self.error = error
 
 
-def _tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+def _request_decoder(
+    deserialize: Callable[[bytes], Any] | None, method: str, ticket: Ticket | None, observer: RpcObserver | None
+) -> Callable[[bytes], Any]:
+    """The request deserializer: counts the message, tells the ticket it arrived, and hands on one that does not parse as _Undecodable."""
+
     def decode(raw: bytes) -> Any:
+        if observer is not None:
+            observer.received(method, len(raw))
+        if ticket is not None:  # a message has arrived: decoding it is the pool's time, not the client's
+            ticket.arrived(len(raw))
+        if deserialize is None:
+            return raw
         try:
-            return deserializer(raw)
+            return deserialize(raw)
         except ClinkError as exc:  # a deserializer's own refusal (e.g. a request over a size limit), answered as it is
             return _Undecodable(str(exc), exc)
         except Exception as exc:  # noqa: BLE001 - any parse failure (truncated fields, bad UTF-8 in strings) is the caller's
@@ -260,22 +267,6 @@ def _decoded(message: Any, method: str) -> Any:
             raise message.error
         raise InvalidArgumentError(f"{method}: the request is not a valid protobuf message ({message.reason})")
     return message
-
-
-def _arrived(deserialize: Callable[[bytes], Any] | None, ticket: Ticket) -> Callable[[bytes], Any]:
-    def deserialize_arrived(raw: bytes) -> Any:
-        ticket.arrived(len(raw))
-        return deserialize(raw) if deserialize is not None else raw
-
-    return deserialize_arrived
-
-
-def _counting_deserializer(deserialize: Callable[[bytes], Any] | None, method: str, observer: RpcObserver) -> Callable[[bytes], Any]:
-    def deserialize_counted(raw: bytes) -> Any:
-        observer.received(method, len(raw))
-        return deserialize(raw) if deserialize is not None else raw
-
-    return deserialize_counted
 
 
 def _counting_serializer(serialize: Callable[[Any], bytes] | None, method: str, observer: RpcObserver) -> Callable[[Any], bytes]:

@@ -3,11 +3,13 @@
 Invariants (each argued in docs/protocol.md and checked by tests/test_protocol_*.py and the simulation, tests/sim/):
 
 I1 Completion. Checkpoint N is complete exactly when jobs/<job>/chk-N/_metadata exists. Only `complete()` writes it,
-   from parts that were listed *before* the writers table was read, whose (range, epoch) that table holds, that tile key
-   groups 0..127, and whose parents still hold every file the parts carried from them.
+   from parts that were listed *before* the writers table was read (or that this pool wrote under that very table
+   version, same etag, so written before it was read), whose (range, epoch) that table holds, that tile key groups
+   0..127, and whose parents still hold every file the parts carried from them.
 I2 Fencing. A part counts only while its writer's epoch owns exactly its range (epochs only grow, so once fenced never
    again). A commit learns its outcome from a writers table read *after* its part was written: if its epoch no longer
    holds, its part can never count and the commit raises FencedError. Nothing a fenced writer sends is ever visible.
+   (The check before the upload uses the table this pool saw last: a zombie it has not seen fenced uploads garbage.)
 I3 Attempts. Every restore takes a fresh epoch and records the checkpoint it restored from (its base). Parts are named
    by range *and* epoch, so a part of an older attempt neither counts nor blocks its successor's name. When a newer
    attempt's valid parts tile a checkpoint id whose _metadata an older attempt wrote, the newer replaces it (compare-and-
@@ -17,20 +19,25 @@ I4 Layers. A part lists its files oldest first by as_of (the checkpoint whose st
    as_of too, never by the order in which a rescale joined parent parts. A base replaces every older row of the key
    groups it covers, even when it holds none (so an empty fold still marks its compaction point).
 I5 Current manifests. A cached manifest is used only with proof that it is the current version: the etag from a
-   listing, or a client's token matching; otherwise it is read. A commit reads its parent fresh.
+   listing, or a client's token matching; otherwise it is read. A commit reads its parent fresh, once per checkpoint
+   per pool: the checkpoint's other commits reuse that version while the writers table is unchanged.
 I6 References. Every reference to a data file is copied from a source (parent manifest, own parent part) that is
    checked to still hold it *after* the referencing object is written; a replaced _metadata keeps the files its previous
    version used as `retired`. GC deletes a file only when no manifest or part it listed (and read in full) names it and
-   it is older than the minimum age; a commit that took longer than max_commit_s publishes nothing.
+   it is older than the minimum age; a commit that took longer than max_commit_s publishes nothing. Only an announced
+   removal deletes a _metadata or part, so "the writers table kept its etag and records no removal of C" proves no
+   object of C was deleted meanwhile: such a check needs no request.
 I7 Idempotence. A repeated commit (same checkpoint, range, epoch and delta bytes) finishes as the first did, whatever
    happened to the parent in between; a different delta under the same name is a ConflictError.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
@@ -47,26 +54,105 @@ from store.writers import WriterTable
 
 # a re-completion racing compactions or other completers gives up after this many compare-and-swap rounds
 _PUBLISH_ROUNDS = 8
+# bytes of part JSON one pool keeps of the parts it wrote, so their last committer need not read them back (parsed,
+# they take a few times this in memory)
+STAGED_PART_CACHE_BYTES = 8 << 20
+# parent versions one pool keeps for the other commits of the same checkpoint
+PARENT_CACHE_ENTRIES = 256
 
 
 @dataclass(frozen=True)
 class ParentSource:
-    """Where a commit copied its carried layers from: the parent's _metadata or this writer's own part of the parent."""
+    """Where a commit copied its carried layers from: the parent's _metadata or this writer's own part of the parent.
+
+    ``table_etag``: the etag of a writers table this pool held before the source was seen holding those layers (I6).
+    """
 
     manifest: Manifest
     key: str
     etag: str
     from_part: bool
+    table_etag: str | None = None
 
 
 @dataclass(frozen=True)
 class StagedName:
-    """A staged part as its name says: store key, range and epoch (None for parts named before names carried it)."""
+    """A staged part as its name says: store key, range and epoch (None for parts named before names carried it).
+
+    ``etag``: the listing's etag of it ("" when not listed).
+    """
 
     key: str
     kg_lo: int
     kg_hi: int
     epoch: int | None
+    etag: str = ""
+
+
+@dataclass(frozen=True)
+class StagedPart:
+    """A part this pool wrote: its etag and manifest, the etag of the writers table its commit held before writing it, and
+    whether its parent was seen holding what it carried after it landed (step 6).
+    """
+
+    etag: str
+    manifest: Manifest
+    table_etag: str | None
+    parent_checked: bool
+    size: int
+
+
+class StagedParts:
+    """The parts this pool wrote, by key, bounded in bytes (least recently used out first); thread-safe."""
+
+    def __init__(self, max_bytes: int = STAGED_PART_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._parts: OrderedDict[str, StagedPart] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> StagedPart | None:
+        with self._lock:
+            staged = self._parts.get(key)
+            if staged is not None:
+                self._parts.move_to_end(key)
+            return staged
+
+    def put(self, key: str, staged: StagedPart) -> None:
+        with self._lock:
+            old = self._parts.pop(key, None)
+            self._bytes -= old.size if old else 0
+            self._parts[key] = staged
+            self._bytes += staged.size
+            while self._bytes > self.max_bytes and self._parts:
+                self._bytes -= self._parts.popitem(last=False)[1].size
+
+    def parent_checked(self, key: str, etag: str) -> None:
+        """Record that the part's parent held what it carried at a time after the part landed."""
+        with self._lock:
+            staged = self._parts.get(key)
+            if staged is not None and staged.etag == etag:
+                self._parts[key] = replace(staged, parent_checked=True)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            old = self._parts.pop(key, None)
+            self._bytes -= old.size if old else 0
+
+
+@dataclass(frozen=True)
+class ReadParent:
+    """A parent _metadata a commit of ``for_checkpoint`` read, with the etag of the writers table held before it read it."""
+
+    manifest: Manifest
+    etag: str
+    table_etag: str
+    for_checkpoint: int
+
+
+def removing(table: WriterTable, cid: int) -> bool:
+    """Whether the table records a removal of checkpoint ``cid``, live or expired (an expired one's deletes may be done)."""
+    return any(c == cid for c, _, _ in table.retiring)
 
 
 def merge_versions(packed: Iterable[str]) -> str:
@@ -172,6 +258,14 @@ class CommitProtocol:
         self.reader = reader
         self.config = config
         self.clock = clock
+        self.staged_parts = StagedParts()
+        self._parents: OrderedDict[tuple[str, int], ReadParent] = OrderedDict()
+        self._parents_lock = threading.Lock()
+
+    def forget_parent(self, job: str, checkpoint_id: int) -> None:
+        """Drop the parent version kept for other commits (its _metadata was replaced or deleted by this process)."""
+        with self._parents_lock:
+            self._parents.pop((job, checkpoint_id), None)
 
     # ---- writers ----------------------------------------------------------------------------------------------
 
@@ -194,15 +288,28 @@ class CommitProtocol:
         operators: tuple[tuple[int, str], ...],
         versions: str,
         retry: bool = False,
+        seen: tuple[WriterTable, str | None] | None = None,
     ) -> CommitResult:
         """Stage this writer's part of checkpoint ``cid`` and complete the checkpoint if the parts now tile (I1..I7).
 
         ``retry``: the client repeats a commit whose reply it lost; the part an earlier attempt staged is looked for
-        first, so a repeat uploads nothing.
+        first, so a repeat uploads nothing. ``seen``: the writers table (and etag) the epoch was checked against before
+        the delta was read (step 1); by default the one this pool saw last.
         """
         started = self.clock()
+        seen_table, seen_etag = seen if seen is not None else (self.fencing.seen(job) or self.fencing.read(job))
         key = part_key(job, cid, kg.lo, kg.hi, epoch)
-        encoded = encode_datafile(delta, changelog=True, target_segment_bytes=self.config.segment_target_bytes) if delta.num_rows else None
+        encoded = (
+            encode_datafile(
+                delta,
+                changelog=True,
+                target_segment_bytes=self.config.segment_target_bytes,
+                target_block_bytes=self.config.block_target_bytes,
+                spool=self.store.spool_path(),  # on local disk, not in memory: a commit holds its delta, not its file too
+            )
+            if delta.num_rows
+            else None
+        )
         delta_sha = encoded.sha256 if encoded else None
         part = self._repeat(job, key, kg, cid, delta_sha, missing_ok=True) if retry else None
         if part is None and retry:  # a part an earlier version staged under its legacy name, without the epoch in it
@@ -210,13 +317,16 @@ class CommitProtocol:
         repeated = part is not None
         source = None
         written = 0
+        part_etag = None  # set when this commit wrote its part (not a repeat)
         if part is None:
-            source = self._parent_source(job, pid, kg, epoch) if pid else None
+            source = self._parent_source(job, cid, pid, kg, epoch, seen_etag) if pid else None
             layers, files = carried_layers(source.manifest if source else None, kg)
             if encoded is not None:
                 path = new_data_path()
-                self.store.put_if_absent(job_file_key(job, path), encoded.data)  # immutable, unreferenced until a part names it
-                written += len(encoded.data)
+                assert encoded.spooled is not None
+                # immutable, unreferenced until a part names it
+                self.store.put_if_absent_file(job_file_key(job, path), encoded.spooled, encoded.size)
+                written += encoded.size
                 files[path] = encoded.entry(path, KIND_DELTA, kg.lo, kg.hi, cid)
                 layers.append((path,))
             if self.clock() - started > self.config.max_commit_s:  # I6: GC's minimum age only protects a commit this long
@@ -237,44 +347,122 @@ class CommitProtocol:
             )
             blob = part.to_json()
             try:
-                self.store.put_if_absent(key, blob)
+                part_etag = self.store.put_if_absent(key, blob)
                 written += len(blob)
+                self.staged_parts.put(key, StagedPart(part_etag, part, seen_etag, source is None or not carried_paths(part), len(blob)))
             except ConflictError:
                 part = self._repeat(job, key, kg, cid, delta_sha)
                 repeated, written = True, 0  # what this attempt uploaded is garbage (GC): the earlier attempt's part stands
         assert part is not None  # _repeat without missing_ok or epoch returns the part or raises
-        listing = self._listing(job, cid)
-        table, _ = self.fencing.read(job)  # read after the part landed and after the listing (I1, I2)
-        # a part is never deleted on its own: a completer that read the table before the fence may be including it
-        # right now, and then the part is what keeps its files referenced (I6)
-        if not table.holds(kg.lo, kg.hi, epoch):
-            raise fenced_error(job, kg, epoch, table)
-        if source is not None and not self._source_holds(source, part):
-            done = self._complete_with(job, cid, kg, epoch)
-            if done is not None:  # a completer checked this part's parent before it went, and published it: done
-                return CommitResult(info_of(job, *done), written, repeated)
-            raise NotFoundError(
-                f"parent checkpoint {pid} of job {job} was deleted or replaced while checkpoint {cid} was committed; "
-                "this part will never complete a checkpoint: restore from a complete checkpoint"
-            )
-        done = self.complete(job, cid, listing, table, deadline=self.clock() + self.config.max_commit_s)
+        # every writer of the table seen before the part was written has a part this pool wrote since: nothing to list,
+        # if the table read next is that same version (I1)
+        fresh = part_etag is not None
+        known = self._known_parts(job, cid, seen_table, seen_etag) if fresh and seen_table.holds(kg.lo, kg.hi, epoch) else None
+        listing = None if known is not None else self._listing(job, cid)
+        table, table_etag = self._fenced_unless_held(job, kg, epoch, key)  # read after the part landed and after the listing (I1, I2)
+        if known is not None and self._known_parts(job, cid, table, table_etag) != known:
+            # the table changed since it was seen (this part was written under the seen etag, so only that version knows
+            # it): list, then read the table again (in that order, I1), and decide from those
+            known, listing = None, self._listing(job, cid)
+            table, table_etag = self._fenced_unless_held(job, kg, epoch, key)
+        if source is not None:
+            if not (self._source_unchanged(source, pid, table, table_etag) or self._source_holds(source, part)):
+                done = self._complete_with(job, cid, kg, epoch)
+                if done is not None:  # a completer checked this part's parent before it went, and published it: done
+                    return CommitResult(info_of(job, *done), written, repeated)
+                raise NotFoundError(
+                    f"parent checkpoint {pid} of job {job} was deleted or replaced while checkpoint {cid} was committed; "
+                    "this part will never complete a checkpoint: restore from a complete checkpoint"
+                )
+            if part_etag is not None:
+                self.staged_parts.parent_checked(key, part_etag)
+        done = self.complete(
+            job, cid, listing, table, deadline=self.clock() + self.config.max_commit_s, table_etag=table_etag, known=known, fresh=fresh
+        )
         if done is not None and done[0].part_for(kg.lo, kg.hi, epoch) is not None:
             return CommitResult(info_of(job, *done), written, repeated)
         if done is not None:  # completed without this part: the writer was fenced before the checkpoint completed
             raise fenced_error(job, kg, epoch, self.fencing.read(job)[0])
-        ranges = [(n.kg_lo, n.kg_hi) for n in listing if table.holds(n.kg_lo, n.kg_hi, n.epoch)]
+        names = known if known is not None else (listing or [])
+        ranges = [(n.kg_lo, n.kg_hi) for n in names if table.holds(n.kg_lo, n.kg_hi, n.epoch)]
         return CommitResult(incomplete_info(job, cid, ranges, [part]), written, repeated)
 
-    def _parent_source(self, job: str, pid: int, kg: KeyGroupRange, epoch: int) -> ParentSource:
-        """The parent's _metadata, unless this writer staged its own part of the parent and the _metadata is not built on it."""
+    def _fenced_unless_held(self, job: str, kg: KeyGroupRange, epoch: int, key: str) -> tuple[WriterTable, str | None]:
+        """The writers table, read now; FencedError unless ``epoch`` still owns ``kg`` in it (I2).
+
+        A part is never deleted on its own: a completer that read the table before the fence may be including it right
+        now, and then the part is what keeps its files referenced (I6). This pool only stops counting it as known.
+        """
+        table, etag = self.fencing.read(job)
+        if not table.holds(kg.lo, kg.hi, epoch):
+            self.staged_parts.forget(key)
+            raise fenced_error(job, kg, epoch, table)
+        return table, etag
+
+    def _known_parts(self, job: str, cid: int, table: WriterTable, etag: str | None) -> list[StagedName] | None:
+        """Each writer of ``table``'s part of ``cid``, if they tile and this pool wrote every one since the table was ``etag``.
+
+        While the table keeps that etag nobody was fenced or acquired, and no removal began or ended (I1, I6).
+        """
+        if etag is None or removing(table, cid):
+            return None
+        out = []
+        for w in table.writers:
+            key = part_key(job, cid, w.kg_lo, w.kg_hi, w.epoch)
+            staged = self.staged_parts.get(key)
+            if staged is None or staged.table_etag != etag:
+                return None
+            out.append(StagedName(key, w.kg_lo, w.kg_hi, w.epoch, staged.etag))
+        return out if tiles([Part(n.kg_lo, n.kg_hi, 1, 0, ()) for n in out]) else None
+
+    def _unchanged_part(self, name: StagedName, cid: int, table: WriterTable, table_etag: str | None) -> StagedPart | None:
+        """The part this pool wrote under ``name``, if the listing shows that version and the table has not changed since (I6)."""
+        staged = self.staged_parts.get(name.key)
+        if staged is None or table_etag is None or staged.table_etag != table_etag or removing(table, cid):
+            return None
+        return staged if not name.etag or name.etag == staged.etag else None
+
+    def _source_unchanged(self, source: ParentSource, pid: int, table: WriterTable, table_etag: str | None) -> bool:
+        """Whether the source provably still holds what it held when seen, without asking the store (I6).
+
+        Only a removal deletes a _metadata or part, and a removal announces itself in the writers table first; a
+        replacement (compaction, re-completion) keeps every file the replaced version named. So if the table read after
+        the part landed is the version held before the source was seen, with no removal of the parent recorded, the
+        source was not deleted in between.
+        """
+        return source.table_etag is not None and table_etag == source.table_etag and not removing(table, pid)
+
+    def _parent_source(self, job: str, cid: int, pid: int, kg: KeyGroupRange, epoch: int, seen_etag: str | None) -> ParentSource:
+        """The parent's _metadata, unless this writer staged its own part of the parent and the _metadata is not built on it.
+
+        The _metadata is read fresh once per checkpoint: other commits of ``cid`` in this pool reuse that version while
+        the writers table is still the one held before it was read (I5); ``seen_etag`` is the table's etag held now.
+        """
         meta = metadata_key(job, pid)
         own = part_key(job, pid, kg.lo, kg.hi, epoch)
-        try:
-            manifest, etag = self.reader(job).manifest_and_etag(pid)
-        except NotFoundError:
-            manifest = None
+        manifest: Manifest | None = None
+        etag, table_etag = "", None
+        with self._parents_lock:
+            read = self._parents.get((job, pid))
+        if read is not None and seen_etag is not None and read.table_etag == seen_etag and read.for_checkpoint == cid:
+            manifest, etag, table_etag = read.manifest, read.etag, read.table_etag
+        else:
+            try:
+                manifest, etag = self.reader(job).manifest_and_etag(pid)
+                table_etag = seen_etag
+            except NotFoundError:
+                pass
+            if manifest is not None and seen_etag is not None:
+                with self._parents_lock:
+                    self._parents[(job, pid)] = ReadParent(manifest, etag, seen_etag, cid)
+                    self._parents.move_to_end((job, pid))
+                    while len(self._parents) > PARENT_CACHE_ENTRIES:
+                        self._parents.popitem(last=False)
         if manifest is not None and manifest.part_for(kg.lo, kg.hi, epoch) is not None:
-            return ParentSource(manifest, meta, etag, False)  # complete with this writer's own part (maybe compacted since)
+            return ParentSource(manifest, meta, etag, False, table_etag)  # complete with this writer's own part (maybe compacted since)
+        mine = self.staged_parts.get(own)
+        if mine is not None and seen_etag is not None and mine.table_etag == seen_etag:
+            return ParentSource(mine.manifest, own, mine.etag, True, mine.table_etag)  # staged by this pool, table unchanged since
         for key in (own, legacy_part_key(job, pid, kg.lo, kg.hi)):  # the legacy name: staged before an upgrade
             try:
                 data, part_etag = self.store.get_with_etag(key)
@@ -282,9 +470,9 @@ class CommitProtocol:
                 continue
             staged = parse_manifest(data, key)
             if staged.parts[0].epoch == epoch:
-                return ParentSource(staged, key, part_etag, True)
+                return ParentSource(staged, key, part_etag, True, seen_etag)
         if manifest is not None:
-            return ParentSource(manifest, meta, etag, False)  # restored from it
+            return ParentSource(manifest, meta, etag, False, table_etag)  # restored from it
         raise NotFoundError(
             f"parent checkpoint {pid} of job {job} not found (neither complete nor staged by this writer for key groups {kg})"
         )
@@ -341,7 +529,7 @@ class CommitProtocol:
         for info in self.store.list(parts_prefix(job, cid)):
             parsed = parse_job_key(info.key)
             if parsed is not None and parsed.kind == "part" and parsed.checkpoint_id == cid:
-                out.append(StagedName(info.key, parsed.kg_lo, parsed.kg_hi, parsed.epoch))
+                out.append(StagedName(info.key, parsed.kg_lo, parsed.kg_hi, parsed.epoch, info.etag))
         return out
 
     def _valid(self, names: list[StagedName], table: WriterTable) -> list[StagedName]:
@@ -359,37 +547,61 @@ class CommitProtocol:
                 except NotFoundError:
                     continue
             if table.holds(n.kg_lo, n.kg_hi, epoch):
-                out.setdefault((n.kg_lo, n.kg_hi, epoch), StagedName(n.key, n.kg_lo, n.kg_hi, epoch))
+                out.setdefault((n.kg_lo, n.kg_hi, epoch), StagedName(n.key, n.kg_lo, n.kg_hi, epoch, n.etag))
         return list(out.values())
 
     def complete(
-        self, job: str, cid: int, listing: list[StagedName] | None = None, table: WriterTable | None = None, deadline: float | None = None
+        self,
+        job: str,
+        cid: int,
+        listing: list[StagedName] | None = None,
+        table: WriterTable | None = None,
+        deadline: float | None = None,
+        table_etag: str | None = None,
+        known: list[StagedName] | None = None,
+        fresh: bool = False,
     ) -> tuple[Manifest, str] | None:
         """Write _metadata of checkpoint ``cid`` if the valid parts tile 0..127 (I1); (the manifest now in place, its etag), or None.
 
         ``deadline`` (clock seconds): past it nothing is published, as for a commit (I6: retention removes an incomplete
         checkpoint only once it is older than the minimum age, so a completer stalled that long must not publish it).
+        ``known``: the valid parts, all written by this pool, when ``table`` (of ``table_etag``) is the version their
+        commits held before writing them (no listing then: ``_known_parts``). ``fresh``: the caller's commit wrote a new
+        part of ``cid`` just now, so retention, re-listing after it announces, never removes ``cid`` under this
+        completion, and the parts this pool wrote may be used as written (I6).
         """
         for _ in range(_PUBLISH_ROUNDS):
-            if listing is None:
-                listing = self._listing(job, cid)
-                table = None
-            if table is None:
-                table, _ = self.fencing.read(job)
-            valid = self._valid(listing, table)
+            if known is None:
+                if listing is None:
+                    listing = self._listing(job, cid)
+                    table = None
+                if table is None:
+                    table, table_etag = self.fencing.read(job)
+                valid = self._valid(listing, table)
+            else:
+                valid = known
+            assert table is not None
             if not tiles([Part(n.kg_lo, n.kg_hi, 1, 0, ()) for n in valid]):
                 return None
             if cid in table.retiring_ids(int(self.clock() * 1000)) and not self.store.exists(metadata_key(job, cid)):
                 # an incomplete checkpoint being removed (it is old): completing it would name files the removal frees. A
                 # complete one being removed may be replaced: the removal compares its _metadata's etag before deleting
                 return None
-            parts = []
+            parts, checked = [], []
             for n in valid:
+                staged = self._unchanged_part(n, cid, table, table_etag) if fresh else None
+                if staged is not None:  # this pool wrote it and no removal of cid began or ended since: as read (I6)
+                    parts.append(staged.manifest)
+                    checked.append(staged.parent_checked)
+                    continue
                 try:
                     parts.append(parse_manifest(self.store.get(n.key), n.key))
+                    checked.append(False)
                 except NotFoundError:
                     return None  # removed since the listing (retention or a delete): not completable now
-            if not all(self._parent_holds(job, p) for p in parts):
+            # a part whose parent its own commit saw holding its files after it landed needs no second look (I6)
+            parents: dict[int, Manifest | None] = {}  # each parent read once, after every part was listed or written
+            if not all(ok or self._parent_holds(job, p, parents) for p, ok in zip(parts, checked, strict=True)):
                 return None
             manifest = assemble(job, cid, parts)
             if deadline is not None and self.clock() > deadline:
@@ -400,11 +612,14 @@ class CommitProtocol:
             outcome = self._publish(job, cid, manifest)
             if outcome is not None:
                 return outcome
-            listing = table = None  # lost a compare-and-swap: decide again from a fresh listing
+            listing = table = known = None  # lost a compare-and-swap: decide again from a fresh listing
         raise UnavailableError(f"checkpoint {cid} of job {job}: its _metadata kept changing while it was completed; retry")
 
-    def _parent_holds(self, job: str, part: Manifest) -> bool:
-        """Whether a staged part's parent (its _metadata, or the writer's own part of it) still holds what the part carried."""
+    def _parent_holds(self, job: str, part: Manifest, parents: dict[int, Manifest | None]) -> bool:
+        """Whether a staged part's parent (its _metadata, or the writer's own part of it) still holds what the part carried.
+
+        ``parents``: the parent _metadata versions this completion read so far (None: not complete), by id.
+        """
         pid = part.parent_id
         if not pid:
             return True
@@ -412,11 +627,14 @@ class CommitProtocol:
         if not carried:
             return True
         p = part.parts[0]
-        try:
-            if carried <= self.reader(job).manifest(pid).referenced_paths:
-                return True
-        except NotFoundError:
-            pass
+        if pid not in parents:
+            try:
+                parents[pid] = self.reader(job).manifest(pid)
+            except NotFoundError:
+                parents[pid] = None
+        parent = parents[pid]
+        if parent is not None and carried <= parent.referenced_paths:
+            return True
         own = part_key(job, pid, p.kg_lo, p.kg_hi, p.epoch)
         try:
             parent_part = parse_manifest(self.store.get(own), own)

@@ -340,7 +340,7 @@ class PoolServer:
         # the token and the limits are checked on grpc's serving thread, before a call is queued or its request decoded
         auth = AuthInterceptor(self.config.tokens) if self.config.tokens else None
         status = StatusInterceptor(
-            self.metrics,
+            self.metrics.rpcs,
             admit=auth.authenticate if auth else None,
             admission=self.admission,
             open_methods=OPEN_METHODS,

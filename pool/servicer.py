@@ -56,8 +56,9 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         return commit_result_to_pb(result)
 
     def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
-        manifest, etag = self.core.resolve(request.job, request.checkpoint_id, request.manifest_etag or None)
-        found, value, checkpoint_id = self.core.get(request.job, manifest.checkpoint_id, request.op_id, request.key_bytes, etag)
+        found, value, checkpoint_id, etag = self.core.get_with_etag(
+            request.job, request.checkpoint_id, request.op_id, request.key_bytes, request.manifest_etag or None
+        )
         return pb.GetResponse(found=found, value=value, checkpoint_id=checkpoint_id, manifest_etag=etag)
 
     def MultiGet(self, request: pb.MultiGetRequest, context: grpc.ServicerContext) -> bytes:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,6 +18,9 @@ from store.writers import WriterTable, parse_writers
 
 __all__ = ["Fencing", "WriterTable"]
 
+# jobs whose last-seen writers table one Fencing keeps (a table is a few KiB at most)
+SEEN_TABLES = 4096
+
 
 class Fencing:
     """Reads and updates one store's writers files (retrying lost compare-and-swaps a bounded number of times)."""
@@ -25,6 +30,8 @@ class Fencing:
         self.max_attempts = max_attempts
         self._sleep = sleep
         self._clock = clock
+        self._seen: OrderedDict[str, tuple[WriterTable, str]] = OrderedDict()
+        self._seen_lock = threading.Lock()
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -37,7 +44,7 @@ class Fencing:
             if new is None:
                 return result
             try:
-                self.store.compare_and_swap(writers_key(job), new.to_json(), etag)
+                self._remember(job, new, self.store.compare_and_swap(writers_key(job), new.to_json(), etag))
                 return result
             except ConflictError:
                 self._sleep(min(0.2, 0.002 * (2 ** min(attempt, 7))) * random.random())  # jitter: racing updaters spread out
@@ -53,8 +60,24 @@ class Fencing:
         try:
             data, etag = self.store.get_with_etag(key)
         except NotFoundError:
+            with self._seen_lock:
+                self._seen.pop(job, None)
             return WriterTable(first_epoch(self._clock), ()), None
-        return parse_writers(data, key), etag
+        table = parse_writers(data, key)
+        self._remember(job, table, etag)
+        return table, etag
+
+    def _remember(self, job: str, table: WriterTable, etag: str) -> None:
+        with self._seen_lock:
+            self._seen[job] = (table, etag)
+            self._seen.move_to_end(job)
+            while len(self._seen) > SEEN_TABLES:
+                self._seen.popitem(last=False)
+
+    def seen(self, job: str) -> tuple[WriterTable, str] | None:
+        """The writers table (and its etag) this fencing last read or wrote for ``job``: a version that was current once, maybe stale."""
+        with self._seen_lock:
+            return self._seen.get(job)
 
     def acquire(self, job: str, key_groups: KeyGroupRange, base: int | None = None) -> int:
         """A new epoch for ``key_groups``; every writer whose range overlaps it is fenced, disjoint ones are kept.
@@ -121,6 +144,20 @@ class Fencing:
         if not table.holds(key_groups.lo, key_groups.hi, epoch):
             raise fenced_error(job, key_groups, epoch, table)
         return table
+
+    def check_seen(self, job: str, key_groups: KeyGroupRange, epoch: int) -> tuple[WriterTable, str | None]:
+        """The last-seen table if ``epoch`` owns ``key_groups`` in it, else a fresh read; FencedError unless the epoch owns them.
+
+        Not a fencing decision (a stale table may still hold a fenced epoch): a commit decides from the table it reads
+        after its part landed (protocol I2). This is the early check that keeps most zombies from uploading.
+        """
+        seen = self.seen(job)
+        if seen is not None and seen[0].holds(key_groups.lo, key_groups.hi, epoch):
+            return seen
+        table, etag = self.read(job)
+        if not table.holds(key_groups.lo, key_groups.hi, epoch):
+            raise fenced_error(job, key_groups, epoch, table)
+        return table, etag
 
 
 def first_epoch(clock) -> int:

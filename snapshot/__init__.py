@@ -51,11 +51,14 @@ from snapshot.ops import (
     canonicalise_state_snapshot,
     composite_keys,
     filter_key_groups,
+    has_adjacent_repeats,
+    in_layout_order,
     key_group_mask,
     merge_snapshot_bytes,
     merge_tables,
     overlay,
     replay_changelog,
+    sort_for_layout,
 )
 from snapshot.versions import StateVersionMap
 
@@ -107,6 +110,9 @@ __all__ = [
     "read_snapshot",
     "check_rows",
     "replay_changelog",
+    "has_adjacent_repeats",
+    "in_layout_order",
+    "sort_for_layout",
     "validate_slot",
     "check_key_group_range",
     "write_snapshot",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -24,6 +25,9 @@ def _position_multipliers(length: int) -> np.ndarray:
 
 
 _U64 = (1 << 64) - 1
+# keys up to this long are hashed with Python ints (under 1 us at 11 bytes, where numpy's three calls take ~2 us)
+_SHORT_KEY = 32
+_short_multipliers = _multipliers[:_SHORT_KEY].tolist()
 
 
 def _mix64_int(h: int) -> int:
@@ -36,7 +40,10 @@ def _mix64_int(h: int) -> int:
 def hash_key(op_id: int, key: bytes) -> int:
     """hash_keys of one (op_id, key), as a Python int: the same value, without building arrays."""
     n = len(key)
-    sums = int(np.frombuffer(key, dtype=np.uint8).astype(np.uint64) @ _position_multipliers(n)[:n]) if n else 0
+    if n <= _SHORT_KEY:
+        sums = sum(map(operator.mul, key, _short_multipliers)) & _U64  # the same sum mod 2**64 the matmul wraps to
+    else:
+        sums = int(np.frombuffer(key, dtype=np.uint8).astype(np.uint64) @ _position_multipliers(n)[:n])
     h = sums ^ ((n * 0x9E3779B97F4A7C15) & _U64)
     return _mix64_int(h ^ _mix64_int(op_id & _U64))
 
@@ -96,6 +103,11 @@ def hash_keys(op_ids: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> np.ndarra
     return out
 
 
+def _view(array: np.ndarray) -> memoryview:
+    """A 1-D array as a memoryview of its items (a copy only if it is not contiguous)."""
+    return np.ascontiguousarray(array).data
+
+
 def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
     """A column as one array: its only chunk as it is (combine_chunks copies even one chunk), else combined."""
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
@@ -147,7 +159,7 @@ class KeyIndex:
         _ = self._bucket_starts, self._scalar_views
         return self
 
-    @property
+    @cached_property
     def _bucket_bits(self) -> int:
         return min(max(1, int(len(self.hashes) // self.rows_per_bucket - 1).bit_length()), 30)
 
@@ -185,10 +197,16 @@ class KeyIndex:
         return self.table.get_total_buffer_size() + self.hashes.nbytes + order + starts
 
     @cached_property
-    def _scalar_views(self) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Zero-copy numpy views of the sorted hashes' order, op ids, key offsets and bytes, value offsets and bytes."""
-        keys, values = self._keys, self.values
-        return (self.order, self._ops, *binary_parts(keys), *binary_parts(values))
+    def _scalar_views(self) -> tuple[memoryview, memoryview, memoryview | None, memoryview, memoryview, memoryview, memoryview, memoryview]:
+        """Zero-copy views of the sorted hashes, bucket starts, their order, op ids, key offsets and bytes, value offsets and bytes.
+
+        Memoryviews, not numpy arrays: an item of one is a Python int at once, a numpy scalar costs several times more.
+        """
+        key_offsets, key_data = binary_parts(self._keys)
+        value_offsets, value_data = binary_parts(self.values)
+        order = None if self.order is None else _view(self.order)
+        hashes, starts, ops = _view(self.hashes), _view(self._bucket_starts), _view(self._ops)
+        return hashes, starts, order, ops, _view(key_offsets), _view(key_data), _view(value_offsets), _view(value_data)
 
     def find_one(self, op_id: int, key: bytes, key_hash: int | None = None, last: bool = False) -> int:
         """Row of one (op_id, key), -1 if absent: the scalar path of ``find`` (no arrays built, a few array reads).
@@ -199,17 +217,15 @@ class KeyIndex:
         if n == 0:
             return -1
         h = hash_key(op_id, key) if key_hash is None else key_hash
-        bits = self._bucket_bits
-        starts, hashes = self._bucket_starts, self.hashes
-        bucket = h >> (64 - bits)
-        slot, end = int(starts[bucket]), int(starts[bucket + 1])
-        while slot < end and int(hashes[slot]) < h:
+        hashes, starts, order, ops, key_offsets, key_data, _, _ = self._scalar_views
+        bucket = h >> (64 - self._bucket_bits)
+        slot, end = starts[bucket], starts[bucket + 1]
+        while slot < end and hashes[slot] < h:
             slot += 1
-        order, ops, key_offsets, key_data, _, _ = self._scalar_views
         found = -1
-        while slot < n and int(hashes[slot]) == h:
-            row = slot if order is None else int(order[slot])
-            if int(ops[row]) == op_id and key_data[key_offsets[row] : key_offsets[row + 1]].tobytes() == key:
+        while slot < n and hashes[slot] == h:
+            row = slot if order is None else order[slot]
+            if ops[row] == op_id and key_data[key_offsets[row] : key_offsets[row + 1]] == key:
                 if not last:
                     return row
                 found = max(found, row)
@@ -218,8 +234,8 @@ class KeyIndex:
 
     def value_at(self, row: int) -> bytes:
         """The value bytes of one row."""
-        offsets, data = self._scalar_views[4:]
-        return data[offsets[row] : offsets[row + 1]].tobytes()
+        offsets, data = self._scalar_views[6:]
+        return bytes(data[offsets[row] : offsets[row + 1]])
 
     def _rows_of(self, slots: np.ndarray) -> np.ndarray:
         return slots if self.order is None else self.order[slots]

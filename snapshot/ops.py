@@ -188,3 +188,40 @@ def merge_snapshot_bytes(blobs: Iterable[Bytesish]) -> bytes:
     source = next((s for s, t in zip(snaps, tables, strict=False) if t.num_rows), snaps[0] if snaps else None)
     writer = SnapshotArrowWriter(source.state_versions, source.extra_metadata) if source else SnapshotArrowWriter()
     return writer.write(merge_tables(tables))
+
+
+def in_layout_order(table: pa.Table) -> bool:
+    """Whether rows are already sorted by key bytes then op_id (one vectorised pass over neighbours, no sort)."""
+    keys = table.column("key_bytes")
+    n = table.num_rows
+    before, after = keys.slice(0, n - 1), keys.slice(1)
+    ops = table.column("op_id").to_numpy()
+    ordered = pc.less(before, after).to_numpy(zero_copy_only=False)
+    if ordered.all():
+        return True
+    tied = pc.equal(before, after).to_numpy(zero_copy_only=False)
+    return bool((ordered | (tied & (ops[:-1] <= ops[1:]))).all())
+
+
+def has_adjacent_repeats(table: pa.Table) -> bool:
+    """Whether two neighbouring rows share (op_id, key_bytes): in a table sorted for layout, whether any key repeats."""
+    n = table.num_rows
+    if n <= 1:
+        return False
+    keys = table.column("key_bytes")
+    tied = pc.equal(keys.slice(0, n - 1), keys.slice(1)).to_numpy(zero_copy_only=False)
+    if not tied.any():
+        return False
+    ops = table.column("op_id").to_numpy()
+    return bool((tied & (ops[:-1] == ops[1:])).any())
+
+
+def sort_for_layout(table: pa.Table) -> pa.Table:
+    """Rows sorted by key bytes then op_id: keyed rows by key group first, operator-state rows (>= 0x80) last.
+
+    Rows already in that order come back as they are (no copy), so a caller that sorted once pays nothing again.
+    """
+    if table.num_rows <= 1 or in_layout_order(table):
+        return table
+    idx = pc.sort_indices(table, sort_keys=[("key_bytes", "ascending"), ("op_id", "ascending")])
+    return table.take(idx)

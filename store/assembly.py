@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +60,16 @@ def live_piece(changelog: pa.Table) -> Piece:
     )
 
 
+def _windows(table: pa.Table) -> Iterator[pa.RecordBatch]:
+    """The table in batches of about _ASSEMBLE_ROWS rows: small chunks (a data file's blocks) joined a window at a time."""
+    if table.num_columns == 0 or table.column(0).num_chunks <= 1 or table.num_rows <= table.column(0).num_chunks * 4096:
+        yield from table.to_batches(max_chunksize=_ASSEMBLE_ROWS)
+        return
+    for start in range(0, table.num_rows, _ASSEMBLE_ROWS):  # a copy of one window at a time, never of the whole table
+        window = table.slice(start, _ASSEMBLE_ROWS).combine_chunks()
+        yield from window.to_batches()
+
+
 def assemble(pieces: list[Piece]) -> pa.Table:
     """The kept rows of several canonical tables as ONE contiguous chunk per column, copied once.
 
@@ -69,7 +79,7 @@ def assemble(pieces: list[Piece]) -> pa.Table:
     work: list[tuple[pa.RecordBatch, np.ndarray | None]] = []
     for table, mask in pieces:
         offset = 0
-        for batch in table.select(["op_id", "key_bytes", "value_bytes"]).to_batches(max_chunksize=_ASSEMBLE_ROWS):
+        for batch in _windows(table.select(["op_id", "key_bytes", "value_bytes"])):
             m = None if mask is None else mask[offset : offset + batch.num_rows]
             offset += batch.num_rows
             if batch.num_rows and (m is None or m.any()):

@@ -23,7 +23,7 @@ from snapshot import (
     merge_tables,
     overlay,
 )
-from snapshot.errors import InvalidArgumentError, NotFoundError
+from snapshot.errors import CorruptDataError, InvalidArgumentError, NotFoundError
 from snapshot.key_index import KeyIndex, hash_keys
 from store.assembly import (
     Piece,
@@ -36,7 +36,8 @@ from store.assembly import (
     overlay_pieces,
     pieces_of_op_ids,
 )
-from store.datafile import DataFile, Segment, decode_segment, verify_file, verify_segment
+from store.block_index import BlockIndex, IndexTop, parse_block_index, parse_index_top
+from store.datafile import DataFile, Segment, decode_blocks, decode_segment, verify_block, verify_file, verify_segment
 from store.layout import checkpoint_prefix, checkpoints_prefix, job_file_key, metadata_key, parse_job_key, writers_key
 from store.manifest import Manifest, Part, ordered_layers, parse_manifest
 from store.objects import ObjectStore, coalesce_ranges
@@ -44,6 +45,8 @@ from store.segment_cache import SegmentCache
 from store.writers import EMPTY_TABLE, WriterTable, parse_writers
 
 MANIFEST_CACHE_ENTRIES = 256
+# a segment's whole block index up to this many chars of footer text is read with its top, in one request
+SMALL_INDEX_CHARS = 16 << 10
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,34 @@ def _dated(entry: DataFile) -> int:
     """The as_of of a file written since as_of exists (``_recent_operator_rows`` is given only those)."""
     assert entry.as_of is not None, entry.path
     return entry.as_of
+
+
+def find_in_block(table: pa.Table, keys: Sequence[bytes] | pa.Array, ops: np.ndarray) -> np.ndarray:
+    """Row of each (key, op) in one block (rows sorted by key, then op_id), -1 where absent."""
+    block_keys = table.column("key_bytes")
+    pos = pc.index_in(pa.array(keys, pa.binary()) if not isinstance(keys, pa.Array) else keys, value_set=block_keys)
+    pos_np = pc.fill_null(pos, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    if not (pos_np >= 0).any():
+        return pos_np
+    block_ops = table.column("op_id").to_numpy()
+    hit = pos_np >= 0
+    wrong_op = np.flatnonzero(hit & (block_ops[np.maximum(pos_np, 0)] != ops))
+    for j in wrong_op.tolist():  # the same key under several operators: its rows, found in one vectorised pass each
+        same = pc.equal(block_keys, block_keys[int(pos_np[j])]).to_numpy(zero_copy_only=False) & (block_ops == ops[j])
+        rows = np.flatnonzero(same)
+        pos_np[j] = rows[0] if rows.size else -1
+    return pos_np
+
+
+def find_one_in_block(table: pa.Table, key: bytes, op_id: int) -> int:
+    """Row of (key, op_id) in one block (rows sorted by key, then op_id), -1 where absent: one scan in C, no arrays built."""
+    row = pc.index(table.column("key_bytes"), pa.scalar(key, pa.binary())).as_py()
+    if row < 0:
+        return -1
+    ops = table.column("op_id")
+    if ops[row].as_py() == op_id:
+        return int(row)
+    return int(find_in_block(table, [key], np.array([op_id], dtype=np.uint64))[0])  # the key under several operators
 
 
 class CheckpointReader:
@@ -216,7 +247,7 @@ class CheckpointReader:
             key = job_file_key(self.job, entry.path)
             wanted = [segments[i] for i in missing]
             blobs: list[pa.Buffer] = [pa.py_buffer(b"")] * len(wanted)
-            if sum(s.length for s in wanted) * 10 >= entry.size * 9:  # (nearly) all of it: one GET, checked by sha256
+            if sum(s.length for s in wanted) * 10 >= self._segment_bytes(entry) * 9:  # (nearly) all of it: one GET, checked by sha256
                 data = self._get_file(key, entry)
                 verify_file(entry, data)
                 whole = pa.py_buffer(data)  # zero-copy slices: decoded columns point into the file's bytes
@@ -238,6 +269,10 @@ class CheckpointReader:
                     self.cache.put((self.store.uri, self.job, entry.path, seg.offset), table)
                 out[i] = table
         return out  # every None was filled in above
+
+    def _segment_bytes(self, entry: DataFile) -> int:
+        """Bytes of a file's segments (the file less its header and footer, which hold the block indexes)."""
+        return sum(s.length for s in entry.segments)
 
     def _get_file(self, key: str, entry: DataFile) -> bytes:
         try:
@@ -273,6 +308,97 @@ class CheckpointReader:
             index = KeyIndex.build(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
             self.cache.put(key, index, index.nbytes)
         return index
+
+    def reads_by_block(self, entry: DataFile) -> bool:
+        """Whether point reads of this file fetch single blocks: it has block indexes and is large next to the cache.
+
+        A file that fits easily is indexed whole once (one probe answers many keys); one that does not would evict and
+        re-read whole segments for every few keys, so it is read a block at a time instead.
+        """
+        return entry.size * 4 > self.cache.max_bytes and all(s.index is not None for s in entry.segments)
+
+    def index_tops(self, entry: DataFile, segments: Sequence[Segment]) -> list[IndexTop]:
+        """The (cached) top block index of some segments, in one coalesced read: a small index is read whole, partitions too."""
+        out: list[IndexTop | None] = [self.cache.get((self.store.uri, self.job, entry.path, "index-top", s.offset)) for s in segments]
+        missing = [i for i, top in enumerate(out) if top is None]
+        if missing:
+            ranges = []
+            for i in missing:
+                offset, top_len, _, total = segments[i].index  # type: ignore[misc]
+                ranges.append((offset, total if total <= SMALL_INDEX_CHARS else top_len))
+            for i, data in zip(missing, self._get_ranges(entry, ranges), strict=True):
+                seg = segments[i]
+                assert seg.index is not None
+                offset, top_len, crc, total = seg.index
+                where = f"{entry.path} (block index of the segment at offset {seg.offset})"
+                top = parse_index_top(data[:top_len], where, crc, seg.offset, seg.offset + seg.length, seg.rows)
+                self.cache.put((self.store.uri, self.job, entry.path, "index-top", seg.offset), top, top.nbytes)
+                if len(data) == total:  # read whole: its partitions are here too
+                    for p in range(len(top.first_keys)):
+                        at = int(top.text_offsets[p])
+                        self._parse_partition(entry, seg, top, p, data[at : at + int(top.text_lengths[p])])
+                out[i] = top
+        return out  # type: ignore[return-value]  # every None was filled in above
+
+    def index_partitions(self, entry: DataFile, wanted: Sequence[tuple[Segment, IndexTop, int]]) -> list[BlockIndex]:
+        """The (cached) partitions (segment, its top, partition number) of one file: missing ones in one call of ranged reads."""
+        keys = [(self.store.uri, self.job, entry.path, "index-part", seg.offset, p) for seg, _, p in wanted]
+        out: list[BlockIndex | None] = [self.cache.get(k) for k in keys]
+        missing = [i for i, found in enumerate(out) if found is None]
+        if missing:
+            ranges = []
+            for i in missing:
+                seg, top, p = wanted[i]
+                assert seg.index is not None
+                ranges.append((seg.index[0] + int(top.text_offsets[p]), int(top.text_lengths[p])))
+            for i, data in zip(missing, self._get_ranges(entry, ranges), strict=True):
+                out[i] = self._parse_partition(entry, *wanted[i], data)
+        return out  # type: ignore[return-value]
+
+    def _parse_partition(self, entry: DataFile, seg: Segment, top: IndexTop, p: int, data: bytes) -> BlockIndex:
+        where = f"{entry.path} (block index partition {p} of the segment at offset {seg.offset})"
+        part = parse_block_index(data, where, int(top.crcs[p]), int(top.starts[p]), int(top.ends[p]), int(top.rows[p]))
+        if (part.first_keys[0], int(part.first_ops[0])) != (top.first_keys[p], int(top.first_ops[p])):
+            raise CorruptDataError(f"{where}: starts with another key than its segment's top says")
+        self.cache.put((self.store.uri, self.job, entry.path, "index-part", seg.offset, p), part, part.nbytes)
+        return part
+
+    def blocks(self, entry: DataFile, wanted: Sequence[tuple[BlockIndex, int]]) -> list[pa.Table]:
+        """The (cached) rows of some (segment's index, block) of one file: missing ones in one call of concurrent ranged reads, verified."""
+        keys = [(self.store.uri, self.job, entry.path, "block", int(index.offsets[b])) for index, b in wanted]
+        out: list[pa.Table | None] = [self.cache.get(k) for k in keys]
+        missing = [i for i, found in enumerate(out) if found is None]
+        if missing:
+            ranges = [(int(wanted[i][0].offsets[wanted[i][1]]), int(wanted[i][0].lengths[wanted[i][1]])) for i in missing]
+            for i, data in zip(missing, self._get_ranges(entry, ranges), strict=True):
+                index, b = wanted[i]
+                verify_block(entry, index, b, data)
+                table = decode_blocks(entry, int(index.offsets[b]), data, int(index.rows[b]))
+                where = f"data file {entry.path} (block at offset {int(index.offsets[b])})"
+                index.check_first_row(b, table.column("key_bytes")[0].as_py(), table.column("op_id")[0].as_py(), where)
+                self.cache.put(keys[i], table, len(data) + 64)
+                out[i] = table
+        return out
+
+    def lookup_one_by_block(self, entry: DataFile, op_id: int, key: bytes, key_hash: int) -> tuple[pa.Table, int] | None:
+        """The block of ``entry`` holding (op_id, key) and its row there (a put, or an erase in a delta), or None if it holds none."""
+        lead = key[0] if key else 0
+        segment = next((s for s in entry.segments if s.overlaps(lead, lead)), None)
+        if segment is None:
+            return None
+        (top,) = self.index_tops(entry, [segment])
+        (part,) = self.index_partitions(entry, [(segment, top, top.partition_of(key, op_id))])
+        if not part.may_hold(np.array([key_hash], dtype=np.uint64))[0]:
+            return None
+        (table,) = self.blocks(entry, [(part, part.block_of(key, op_id))])
+        row = find_one_in_block(table, key, op_id)
+        return (table, row) if row >= 0 else None
+
+    def _get_ranges(self, entry: DataFile, ranges: list[tuple[int, int]]) -> list[bytes]:
+        try:
+            return self.store.get_ranges(job_file_key(self.job, entry.path), ranges)
+        except NotFoundError:
+            raise NotFoundError(f"data file {entry.path} of job {self.job} is missing from {self.store.uri}") from None
 
     def _operator_rows(self, entry: DataFile) -> pa.Table | None:
         segs = [s for s in entry.segments if s.operator]
@@ -443,7 +569,7 @@ class CheckpointReader:
         q_keys = keys if isinstance(keys, pa.Array) else pa.array(list(keys), pa.binary())
         q_ops = np.asarray(op_ids, dtype=np.uint64)
         q_hash = hash_keys(q_ops, q_keys)
-        resolved = self._resolved_index(manifest)
+        resolved = self.resolved_index(manifest)
         if resolved is not None:  # a checkpoint read often: its merged view answers in one probe
             pos = resolved.find(q_hash, q_keys, q_ops)
             found = pos >= 0
@@ -454,22 +580,76 @@ class CheckpointReader:
         answered_idx: list[np.ndarray] = []
         answered_vals: list[pa.Array] = []
 
-        def answer(idx: np.ndarray, index: KeyIndex, changelog: bool) -> np.ndarray:
-            """Resolve queries idx against one index; returns which of idx were decided (hit, or erased)."""
-            if index.table.num_rows == 0 or idx.size == 0:
-                return np.zeros(idx.size, dtype=bool)
-            pos = index.find(q_hash[idx], q_keys.take(pa.array(idx)), q_ops[idx])
+        def record(idx: np.ndarray, table: pa.Table, pos: np.ndarray, changelog: bool) -> np.ndarray:
+            """Take the answers of queries idx found at rows pos (-1: absent) of table; returns which were decided (hit, or erased)."""
             hit = pos >= 0
             if not hit.any():
                 return hit
             rows, hit_idx = pos[hit], idx[hit]
             if changelog:
-                live = index.table.column("row_kind").take(pa.array(rows)).to_numpy(zero_copy_only=False) != ROW_ERASE
+                live = table.column("row_kind").take(pa.array(rows)).to_numpy(zero_copy_only=False) != ROW_ERASE
                 rows, hit_idx = rows[live], hit_idx[live]
             found[hit_idx] = True
             answered_idx.append(hit_idx)
-            answered_vals.append(index.table.column("value_bytes").take(pa.array(rows)).combine_chunks())
+            answered_vals.append(table.column("value_bytes").take(pa.array(rows)).combine_chunks())
             return hit
+
+        def answer(idx: np.ndarray, index: KeyIndex, changelog: bool) -> np.ndarray:
+            """Resolve queries idx against one index; returns which of idx were decided (hit, or erased)."""
+            if index.table.num_rows == 0 or idx.size == 0:
+                return np.zeros(idx.size, dtype=bool)
+            return record(idx, index.table, index.find(q_hash[idx], q_keys.take(pa.array(idx)), q_ops[idx]), changelog)
+
+        def answer_by_block(idx: np.ndarray, entry: DataFile, keyed_segs: list[Segment], seg_hi: np.ndarray) -> np.ndarray:
+            """Resolve queries idx against one file a block at a time: its bloom filters skip the blocks that lack a key."""
+            decided = np.zeros(idx.size, dtype=bool)
+            seg_of = np.minimum(np.searchsorted(seg_hi, lead[idx], side="left"), len(keyed_segs) - 1)  # segments tile in order
+            wanted = np.unique(seg_of)
+            segs = [keyed_segs[i] for i in wanted]
+            in_range = np.array([s.kg_lo for s in segs])[np.searchsorted(wanted, seg_of)] <= lead[idx]
+            tops = dict(zip(wanted.tolist(), self.index_tops(entry, segs), strict=True))
+            by_partition: dict[tuple[int, int], list[tuple[int, bytes]]] = {}
+            for seg_i, top in tops.items():
+                for j in np.flatnonzero((seg_of == seg_i) & in_range).tolist():  # a loop over queried keys, never over rows
+                    q = int(idx[j])
+                    key = q_keys[q].as_py()
+                    by_partition.setdefault((seg_i, top.partition_of(key, int(q_ops[q]))), []).append((j, key))
+            chosen = sorted(by_partition)
+            parts = self.index_partitions(entry, [(keyed_segs[seg_i], tops[seg_i], p) for seg_i, p in chosen])
+            by_block: dict[tuple[int, int, int], list[int]] = {}
+            partitions = {}
+            for (seg_i, p), part in zip(chosen, parts, strict=True):
+                partitions[(seg_i, p)] = part
+                in_part = by_partition[(seg_i, p)]
+                maybe = part.may_hold(q_hash[idx[np.array([j for j, _ in in_part], dtype=np.int64)]])
+                for (j, key), ok in zip(in_part, maybe.tolist(), strict=True):
+                    if ok:
+                        by_block.setdefault((seg_i, p, part.block_of(key, int(q_ops[int(idx[j])]))), []).append(j)
+            in_file_order = sorted(by_block)  # so neighbouring blocks coalesce
+            tables = self.blocks(entry, [(partitions[(seg_i, p)], b) for seg_i, p, b in in_file_order])
+            one_idx: list[int] = []  # blocks asked for one key (the usual case once state outgrows the cache): no arrays
+            one_vals: list[bytes] = []
+            for block_key, table in zip(in_file_order, tables, strict=True):
+                if len(by_block[block_key]) == 1:
+                    (j,) = by_block[block_key]
+                    q = int(idx[j])
+                    row = find_one_in_block(table, q_keys[q].as_py(), int(q_ops[q]))
+                    if row >= 0:
+                        decided[j] = True
+                        if not entry.changelog or table.column("row_kind")[row].as_py() != ROW_ERASE:
+                            one_idx.append(q)
+                            one_vals.append(table.column("value_bytes")[row].as_py())
+                    continue
+                members = np.asarray(by_block[block_key], dtype=np.int64)
+                queries = idx[members]
+                pos = find_in_block(table, q_keys.take(pa.array(queries)), q_ops[queries])
+                decided[members] = record(queries, table, pos, entry.changelog)
+            if one_idx:
+                hits = np.asarray(one_idx, dtype=np.int64)
+                found[hits] = True
+                answered_idx.append(hits)
+                answered_vals.append(pa.array(one_vals, pa.binary()))
+            return decided
 
         for part in manifest.parts:
             in_part = (lead >= part.kg_lo) & (lead <= part.kg_hi)
@@ -483,7 +663,9 @@ class CheckpointReader:
                     present = np.concatenate([[0], np.cumsum(np.bincount(lead[inside], minlength=NUM_KEY_GROUPS) > 0)])
                     needed = np.flatnonzero(present[seg_hi + 1] - present[seg_lo] > 0)  # segments holding a queried key group
                     decided = np.zeros(inside.size, dtype=bool)
-                    if needed.size:
+                    if needed.size and self.reads_by_block(entry):
+                        decided = answer_by_block(inside, entry, keyed_segs, seg_hi)
+                    elif needed.size:
                         # a few segments: index just those; many: index the whole file once for every later lookup
                         segs = [keyed_segs[i] for i in needed] if needed.size <= 4 else keyed_segs
                         decided = answer(inside, self.key_index(entry, segs), entry.changelog)
@@ -503,8 +685,12 @@ class CheckpointReader:
         vals = pa.concat_arrays(answered_vals).take(pa.array(where, mask=where < 0))
         return found, pc.fill_null(vals, b"")
 
-    def _resolved_index(self, manifest: Manifest) -> KeyIndex | None:
-        """The index of the checkpoint's merged view once it has been read by key often enough (and fits the cache)."""
+    def resolved_index(self, manifest: Manifest) -> KeyIndex | None:
+        """The index of the checkpoint's merged view once it has been read by key often enough (and fits the cache).
+
+        Every call counts as a read by key (a Get or a MultiGet batch); past ``resolved_index_after`` of them the index is
+        built off the request path, and until it is ready None is returned (read the layers).
+        """
         key = (self.store.uri, self.job, "resolved-index", manifest.identity)
         index = self.cache.get(key)
         if index is not None:

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
-from store.objects import ObjectInfo, ObjectStore, StoreConfig, StoreCounters, validate_key, validate_prefix
+from store.objects import ObjectInfo, ObjectStore, StoreConfig, StoreCounters, coalesce_ranges, cut_ranges, validate_key, validate_prefix
 
 TMP_DIR = ".clink-tmp"
 _LOCK_FILE = ".clink-lock"
@@ -106,6 +106,21 @@ class FileStore(ObjectStore):
         self.counters.count("get_range", read=len(data))
         return data
 
+    def get_ranges(self, key: str, ranges: builtins.list[tuple[int, int]]) -> builtins.list[bytes]:
+        """Several (start, length) slices, coalesced as for any store, read with one open of the file (a pread per span)."""
+        if not ranges:
+            return []
+        if any(start < 0 or length < 0 for start, length in ranges):
+            raise InvalidArgumentError(f"ranges of {key} must have start >= 0 and length >= 0")
+        spans = coalesce_ranges(list(ranges), self.coalesce_gap_bytes)
+        blobs = []
+        with self._open_read(key) as fh:
+            for span_start, span_len, _ in spans:
+                blob = os.pread(fh.fileno(), span_len, span_start) if span_len else b""
+                self.counters.count("get_range", read=len(blob))  # each span is still one counted request
+                blobs.append(blob)
+        return cut_ranges(ranges, spans, blobs)
+
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
         """The object and the etag of exactly those bytes."""
         with self._open_read(key) as fh:
@@ -193,6 +208,31 @@ class FileStore(ObjectStore):
     def put_if_absent(self, key: str, data: bytes) -> str:
         """Write only if absent (an exclusive hard link of a complete temp file); ConflictError otherwise."""
         return self._conditional(key, data, None, op="put_if_absent")
+
+    def spool_path(self) -> Path:
+        """A fresh path in the store's temp folder: a file written there is put by a hard link, never copied."""
+        tmp = self.root / TMP_DIR / f"{uuid.uuid4().hex}.spool"
+        if not tmp.parent.is_dir():
+            self.create()
+        return tmp
+
+    def put_if_absent_file(self, key: str, path: Path, size: int) -> str:
+        """put_if_absent of a complete local file: made durable, then hard-linked into place (copied in first if elsewhere)."""
+        path = Path(path)
+        if path.parent != self.root / TMP_DIR:  # another file system, perhaps: a temp copy of ours to link
+            with open(path, "rb") as fh:
+                return self.put_if_absent(key, fh.read())
+        target = self._path(key)
+        try:
+            with open(path, "rb+") as fh:
+                os.fsync(fh.fileno())
+            self._ensure_parent(key, target)
+            with self._locked():
+                return self._install(key, path, target, exclusive=True)
+        except OSError as exc:
+            raise UnavailableError(f"cannot write {key} in {self.uri}: {exc}") from exc
+        finally:
+            self.counters.count("put_if_absent", written=size)
 
     def compare_and_swap(self, key: str, data: bytes, expected_etag: str | None) -> str:
         """Replace only if the current etag matches (None: must be absent); ConflictError otherwise."""

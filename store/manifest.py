@@ -37,9 +37,10 @@ __all__ = [
 
 MANIFEST_FORMAT = "clink.checkpoint-manifest"
 PART_FORMAT = "clink.checkpoint-part"
-# 2: data files may be Arrow IPC files ("encoding"); parts are named by range and epoch. Version 1 still reads.
-MANIFEST_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+# 2: data files may be Arrow IPC files ("encoding"); parts are named by range and epoch.
+# 3: a segment may be several blocks with a block index in the file's footer ("index"). Versions 1 and 2 still read.
+MANIFEST_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
 _U64 = (1 << 64) - 1
 
 
@@ -146,7 +147,8 @@ class Manifest:
 
 def _segment_dict(s: Segment) -> dict[str, Any]:
     lo_hi: dict[str, Any] = {"kg_lo": "op", "kg_hi": "op"} if s.operator else {"kg_lo": s.kg_lo, "kg_hi": s.kg_hi}
-    return {**lo_hi, "offset": s.offset, "length": s.length, "rows": s.rows, "crc32": s.crc32}
+    index: dict[str, Any] = {} if s.index is None else {"index": list(s.index)}
+    return {**lo_hi, **index, "offset": s.offset, "length": s.length, "rows": s.rows, "crc32": s.crc32}
 
 
 def _file_dict(f: DataFile) -> dict[str, Any]:
@@ -249,6 +251,15 @@ def _parse_segment(p: _Parser, raw: Any, where: str, size: int) -> Segment:
     length = p.int_(d, "length", where, 1)
     if offset + length > size:
         raise p.fail(f"{where} ends at {offset + length}, past the file size {size}")
+    index = None
+    if "index" in d:  # where the segment's block index lies in the file (manifest version 3)
+        raw_index = p.list_(d, "index", where)
+        if len(raw_index) != 4 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in raw_index):
+            raise p.fail(f"{where}.index must be [offset, top length, crc32, total length] (non-negative integers)")
+        i_off, i_len, i_crc, i_total = raw_index
+        if i_len < 1 or i_total < i_len or i_off + i_total > size or i_crc > 0xFFFFFFFF:
+            raise p.fail(f"{where}.index = {raw_index} does not lie inside the file of {size} bytes")
+        index = (i_off, i_len, i_crc, i_total)
     return Segment(
         offset,
         length,
@@ -257,6 +268,7 @@ def _parse_segment(p: _Parser, raw: Any, where: str, size: int) -> Segment:
         lo,
         hi if not operator else NUM_KEY_GROUPS - 1,
         operator,
+        index,
     )
 
 
@@ -280,6 +292,8 @@ def _parse_file(p: _Parser, raw: Any, where: str) -> DataFile:
     encoding = p.str_(d, "encoding", where) if "encoding" in d else ENCODING_STREAMS
     if encoding not in (ENCODING_FILE, ENCODING_STREAMS):
         raise p.fail(f"{where}.encoding = {encoding!r} must be {ENCODING_FILE!r} or {ENCODING_STREAMS!r}")
+    if encoding != ENCODING_FILE and any(s.index is not None for s in segments):
+        raise p.fail(f"{where}: only {ENCODING_FILE!r} files carry block indexes")
     return DataFile(path, kind, lo, hi, rows, size, sha, segments, as_of, encoding)
 
 

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
@@ -99,6 +100,10 @@ class RetryingStore(ObjectStore):
         """A byte range, retried."""
         return self._retry(f"get {key}", lambda: self.inner.get_range(key, start, length))
 
+    def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Several byte ranges in the wrapped store's own way (one open of a local file, concurrent GETs), retried whole."""
+        return self._retry(f"get {key}", lambda: self.inner.get_ranges(key, ranges))
+
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
         """Object and etag, retried."""
         return self._retry(f"get {key}", lambda: self.inner.get_with_etag(key))
@@ -137,23 +142,35 @@ class RetryingStore(ObjectStore):
 
     def put_if_absent(self, key: str, data: bytes) -> str:
         """Write if absent; a conflict after a lost reply is resolved by reading the object back."""
+        return self._put_if_absent(key, lambda: self.inner.put_if_absent(key, data), lambda: data)
+
+    def _put_if_absent(self, key: str, attempt: Callable[[], str], ours: Callable[[], bytes]) -> str:
+        """Repeat ``attempt`` over unavailability; a conflict after an unknown outcome is ours if the object holds ``ours()``."""
         ambiguous = False
         last: UnavailableError | None = None
-        for attempt in range(self.config.max_attempts):
-            if attempt:
-                self._sleep(attempt - 1)
+        for n in range(self.config.max_attempts):
+            if n:
+                self._sleep(n - 1)
             try:
-                return self.inner.put_if_absent(key, data)
+                return attempt()
             except UnavailableError as exc:
                 ambiguous, last = True, exc
             except ConflictError:
                 if not ambiguous:
                     raise
-                etag = self._ours(key, data)
+                etag = self._ours(key, ours())
                 if etag is None:
                     raise
                 return etag
         raise UnavailableError(f"{last} (gave up on put-if-absent {key} after {self.config.max_attempts} attempts)") from None
+
+    def spool_path(self) -> Path:
+        """The wrapped store's spool path (a file store's own temp folder)."""
+        return self.inner.spool_path()
+
+    def put_if_absent_file(self, key: str, path: Path, size: int) -> str:
+        """put_if_absent of a local file, retried as put_if_absent is (a conflict after a lost reply: the object read back)."""
+        return self._put_if_absent(key, lambda: self.inner.put_if_absent_file(key, path, size), lambda: Path(path).read_bytes())
 
     def _ours(self, key: str, data: bytes) -> str | None:
         """The etag of ``key`` if it holds exactly ``data`` (our earlier attempt landed), else None."""

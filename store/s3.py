@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import boto3
 import botocore.exceptions as bex
@@ -246,6 +247,24 @@ class S3Store(ObjectStore):
             return self._put(key, data, "put_if_absent", IfNoneMatch="*")
         except ConflictError:
             raise ConflictError(f"object {key} already exists in {self.uri}") from None
+
+    def put_if_absent_file(self, key: str, path: Path, size: int) -> str:
+        """PUT with If-None-Match: * streaming a local file (never read whole); ConflictError if the key exists."""
+        full = self._full(key)
+        try:
+            with self._errors(key), open(path, "rb") as body:
+                try:
+                    resp = self._client.put_object(Bucket=self.bucket, Key=full, Body=body, ContentLength=size, IfNoneMatch="*")
+                except bex.ClientError as exc:
+                    etag = self._landed_before_sdk_retry(key, Path(path).read_bytes(), exc)
+                    if etag is None:
+                        raise
+                    return etag
+        except ConflictError:
+            raise ConflictError(f"object {key} already exists in {self.uri}") from None
+        finally:
+            self.counters.count("put_if_absent", written=size)
+        return _strip(resp["ETag"])
 
     def compare_and_swap(self, key: str, data: bytes, expected_etag: str | None) -> str:
         """PUT with If-Match (or If-None-Match: * when expected_etag is None); ConflictError on mismatch."""

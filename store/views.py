@@ -57,4 +57,4 @@ class SavepointView(ObjectStore):
     def _read_only(self, *_: object) -> str:
         raise PermissionDeniedError(f"{self.uri} is opened read-only")
 
-    put = put_if_absent = compare_and_swap = delete = _read_only  # type: ignore[assignment]
+    put = put_if_absent = put_if_absent_file = compare_and_swap = delete = _read_only  # type: ignore[assignment]

@@ -74,7 +74,7 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
     from clink.tools.savepoint_check import FAIL, INFO, PASS, check_key_layout
     from snapshot import read_arrow_file, read_snapshot
     from store.checkpoint import CheckpointReader
-    from store.datafile import ENCODING_FILE, ENCODING_STREAMS, decode_segment, verify_file, verify_segment
+    from store.datafile import ENCODING_FILE, ENCODING_STREAMS, decode_segment, verify_file, verify_segment, verify_segment_index
     from store.layout import job_file_key, metadata_key
 
     store = root = open_source_store(ref, config)
@@ -137,6 +137,8 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
                 if entry.encoding == ENCODING_STREAMS:  # each segment a stream with its own format version
                     newest_version = max(newest_version, read_snapshot(blob).format_version)
                 decode_segment(entry, seg, blob)
+                if seg.index is not None:  # the block index a point read trusts: top, partitions, every block
+                    verify_segment_index(entry, seg, data)
             except ChecksumMismatchError as exc:
                 report.add(
                     "checksum",
@@ -159,7 +161,7 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
                 break
         files_ok &= not bad
     if files_ok:
-        report.add("checksum", PASS, f"{len(manifest.files)} file(s) present, sha256 and segment crc32 match the manifest")
+        report.add("checksum", PASS, f"{len(manifest.files)} file(s) present, sha256, segment and block crc32 match the manifest")
         report.add(
             "format version", PASS, f"every segment declares version {max(newest_version, 1)} (this reader knows up to {FORMAT_VERSION})"
         )

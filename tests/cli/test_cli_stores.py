@@ -14,6 +14,7 @@ import pytest
 
 import snapshot as s
 from clink.cli.common import EXIT_DATA, EXIT_NOT_FOUND
+from store.block_index import parse_block_index, parse_index_top
 from store.manifest import job_prefix, metadata_key
 from tests.cli_fixtures import OP_IDS, STATE_VERSIONS, commit_checkpoints, generated_table, one_line_error, rows_of, run, slot_counts
 
@@ -162,6 +163,16 @@ def test_check_names_a_missing_file(two_checkpoints, s3_config, s3_env) -> None:
     assert "missing" in fails[0]["detail"]
 
 
+def _blocks_in_segment(data: bytes, index: list[int], seg: dict) -> int:
+    """How many blocks (record batches) a segment of a block-indexed file holds, from its index's partitions."""
+    offset, top_len, crc, _ = index
+    top = parse_index_top(data[offset : offset + top_len], "x", crc, seg["offset"], seg["offset"] + seg["length"], seg["rows"])
+    return sum(
+        len(parse_block_index(data[offset + int(a) : offset + int(a) + int(n)], "x", int(c), int(s0), int(e0), int(r)).first_keys)
+        for a, n, c, s0, e0, r in zip(top.text_offsets, top.text_lengths, top.crcs, top.starts, top.ends, top.rows, strict=True)
+    )
+
+
 def test_check_names_a_file_with_a_future_format_version(two_checkpoints, s3_config, s3_env) -> None:
     store, _, _ = two_checkpoints
     doc = _manifest(store, 2)
@@ -172,12 +183,17 @@ def test_check_names_a_file_with_a_future_format_version(two_checkpoints, s3_con
     reader = ipc.open_file(pa.py_buffer(old))
     meta = {**(reader.schema.metadata or {}), b"clink.format_version": b"2"}
     sink = pa.BufferOutputStream()
+    batches = iter(reader.get_batch(i) for i in range(reader.num_record_batches))
     with ipc.new_file(sink, reader.schema.with_metadata(meta)) as w:
-        for i, seg in enumerate(entry["segments"]):
-            batch = reader.get_batch(i)
-            w.write_batch(batch)
-            length = batch.serialize().size
-            seg.update(offset=sink.tell() - length, length=length)
+        for seg in entry["segments"]:
+            index = seg.pop("index")  # the rewritten file carries no block index: whole-segment reads
+            blocks = _blocks_in_segment(old, index, seg)
+            start = None
+            for _ in range(blocks):
+                batch = next(batches)
+                w.write_batch(batch)
+                start = sink.tell() - batch.serialize().size if start is None else start
+            seg.update(offset=start, length=sink.tell() - start)
     new = sink.getvalue().to_pybytes()
     for seg in entry["segments"]:
         seg.update(crc32=zlib.crc32(new[seg["offset"] : seg["offset"] + seg["length"]]))

@@ -290,7 +290,7 @@ def test_often_read_checkpoint_gets_a_merged_index_in_the_background(file_store)
     reader = core.reader("j")
     manifest = reader.manifest(2)
     deadline = time.monotonic() + 20
-    while reader._resolved_index(manifest) is None:  # bounded: the build is a background thread
+    while reader.resolved_index(manifest) is None:  # bounded: the build is a background thread
         assert core.multi_get("j", 2, ops, keys) == expected
         assert time.monotonic() < deadline, "the merged index was never built"
         time.sleep(0.01)

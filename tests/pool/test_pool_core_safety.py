@@ -345,18 +345,18 @@ def test_writer_fenced_during_upload_publishes_nothing(file_store):
     old, _ = core.acquire_writer("j", FULL)
     commit(core, "j", 1, 0, FULL, old, [_put("a", b"1")])
     rival = PoolCore(file_store)
-    original = file_store.put_if_absent
+    original = file_store.put_if_absent_file  # a commit's delta is spooled to disk and put from there
 
-    def put_then_get_fenced(key: str, data: bytes) -> str:
-        etag = original(key, data)
-        if "/data/" in key:
-            rival.acquire_writer("j", KeyGroupRange(0, 10))
+    def put_then_get_fenced(key: str, path, size: int) -> str:
+        etag = original(key, path, size)
+        assert "/data/" in key
+        rival.acquire_writer("j", KeyGroupRange(0, 10))
         return etag
 
-    file_store.put_if_absent = put_then_get_fenced  # type: ignore[method-assign]
+    file_store.put_if_absent_file = put_then_get_fenced  # type: ignore[method-assign]
     with pytest.raises(FencedError):
         commit(core, "j", 2, 1, FULL, old, [_put("a", b"2")])
-    file_store.put_if_absent = original  # type: ignore[method-assign]
+    file_store.put_if_absent_file = original  # type: ignore[method-assign]
     assert not file_store.exists("jobs/j/chk-2/_metadata")
     # its part stays (a completer that read the writers table before the fence may include it), but it never counts
     staged = {c.checkpoint_id: c for c in core.list_checkpoints("j", include_incomplete=True)}

@@ -18,12 +18,16 @@ from tests.sim.mutants import MUTANTS
 
 # (first seed, seeds) windows holding seeds that kill each mutant today (bench/simulate.py --mutants --seeds 500 finds more)
 SIM_KILLS = {
-    "restore_keeps_its_epoch": (0, 6),
-    "no_restore_records": (0, 12),
-    "operator_writes_folded_into_cache": (40, 2),
-    "retention_forgets_restore_points": (0, 6),
-    "warm_table_keeps_changed_keys": (15, 2),
-    "warm_operator_state_after_moving_on": (224, 2),
+    "restore_keeps_its_epoch": (4, 2),
+    "no_restore_records": (4, 3),
+    "operator_writes_folded_into_cache": (15, 2),
+    "retention_forgets_restore_points": (5, 2),
+    "warm_table_keeps_changed_keys": (71, 2),
+    "warm_operator_state_after_moving_on": (41, 2),
+    # the commit's caches (issue 14): each trusted without its check, a stale view in one of the pools completes wrongly
+    "writers_table_trusted_after_the_part": (12, 2),
+    "known_parts_not_confirmed": (2, 2),
+    "parent_reused_without_its_table": (176, 2),
 }
 
 

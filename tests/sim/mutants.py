@@ -190,7 +190,7 @@ def _manifests_cached_by_id():  # defect 9: a cached manifest is served whatever
 def _no_parent_check_after_commit():  # I6: a part copied from a parent deleted meanwhile may complete
     with (
         patched(protocol_mod.CommitProtocol, "_source_holds", lambda self, source, part: True),
-        patched(protocol_mod.CommitProtocol, "_parent_holds", lambda self, job, part: True),
+        patched(protocol_mod.CommitProtocol, "_parent_holds", lambda self, job, part, parents: True),
     ):
         yield
 
@@ -263,6 +263,80 @@ def _restore_from_vanished_checkpoint():  # a restore acquires even when its bas
         yield
 
 
+def _writers_table_trusted_after_the_part():  # the pool's last-seen writers table decides a commit, not a read after its part
+    real = protocol_mod.CommitProtocol._fenced_unless_held
+
+    def fenced_unless_held(self, job, kg, epoch, key):
+        seen = self.fencing.seen(job)
+        if seen is not None and seen[0].holds(kg.lo, kg.hi, epoch):
+            return seen
+        return real(self, job, kg, epoch, key)
+
+    with patched(protocol_mod.CommitProtocol, "_fenced_unless_held", fenced_unless_held):
+        yield
+
+
+def _known_parts_not_confirmed():  # the parts this pool wrote complete a checkpoint the table read after the part no longer backs
+    real = protocol_mod.CommitProtocol._known_parts
+    local = threading.local()
+
+    def known_parts(self, job, cid, table, etag):
+        predicted = getattr(local, "predicted", None)
+        if predicted is not None and predicted[0] == (job, cid):
+            local.predicted = None
+            return predicted[1]  # the confirmation answers what the prediction said
+        found = real(self, job, cid, table, etag)
+        local.predicted = ((job, cid), found) if found is not None else None
+        return found
+
+    with patched(protocol_mod.CommitProtocol, "_known_parts", known_parts):
+        yield
+
+
+def _parent_reused_without_its_table():  # a parent version kept for the checkpoint's other commits is taken as seen under today's table
+    real = protocol_mod.CommitProtocol._parent_source
+
+    def parent_source(self, job, cid, pid, kg, epoch, seen_etag):
+        with self._parents_lock:
+            kept = self._parents.get((job, pid))
+            if kept is not None and seen_etag is not None:
+                self._parents[(job, pid)] = dataclasses.replace(kept, table_etag=seen_etag, for_checkpoint=cid)
+        return real(self, job, cid, pid, kg, epoch, seen_etag)
+
+    with patched(protocol_mod.CommitProtocol, "_parent_source", parent_source):
+        yield
+
+
+def _staged_parts_trusted_across_removals():  # parts this pool wrote used as written though the table changed since (a removal ran)
+    def known_parts(self, job, cid, table, etag):
+        out = []
+        for w in table.writers:
+            key = protocol_mod.part_key(job, cid, w.kg_lo, w.kg_hi, w.epoch)
+            staged = self.staged_parts.get(key)
+            if staged is None:
+                return None
+            out.append(protocol_mod.StagedName(key, w.kg_lo, w.kg_hi, w.epoch, staged.etag))
+        return out if protocol_mod.tiles([protocol_mod.Part(n.kg_lo, n.kg_hi, 1, 0, ()) for n in out]) else None
+
+    def unchanged_part(self, name, cid, table, table_etag):
+        staged = self.staged_parts.get(name.key)
+        return staged if staged is not None and (not name.etag or name.etag == staged.etag) else None
+
+    with (
+        patched(protocol_mod.CommitProtocol, "_known_parts", known_parts),
+        patched(protocol_mod.CommitProtocol, "_unchanged_part", unchanged_part),
+    ):
+        yield
+
+
+def _parent_check_skipped_during_its_removal():  # step 6 skipped on an unchanged table that records the parent's removal
+    def source_unchanged(self, source, pid, table, table_etag):
+        return source.table_etag is not None and table_etag == source.table_etag
+
+    with patched(protocol_mod.CommitProtocol, "_source_unchanged", source_unchanged):
+        yield
+
+
 MUTANTS: dict[str, Callable[[], object]] = {
     "layers_in_listed_order": _layers_in_listed_order,
     "empty_fold_writes_no_base": _empty_fold_writes_no_base,
@@ -278,6 +352,11 @@ MUTANTS: dict[str, Callable[[], object]] = {
     "restore_from_vanished_checkpoint": _restore_from_vanished_checkpoint,
     "warm_table_keeps_changed_keys": _warm_table_keeps_changed_keys,
     "warm_operator_state_after_moving_on": _warm_operator_state_after_moving_on,
+    "writers_table_trusted_after_the_part": _writers_table_trusted_after_the_part,
+    "known_parts_not_confirmed": _known_parts_not_confirmed,
+    "parent_reused_without_its_table": _parent_reused_without_its_table,
+    "staged_parts_trusted_across_removals": _staged_parts_trusted_across_removals,
+    "parent_check_skipped_during_its_removal": _parent_check_skipped_during_its_removal,
 }
 
 

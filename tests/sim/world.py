@@ -22,8 +22,10 @@ from client.delta import MISSING
 from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.lifecycle import Lifecycle, LifecycleConfig
+from pool.protocol import carried_paths, own_delta
 from snapshot.errors import ClinkError, NotFoundError
 from store.checkpoint import CheckpointReader
+from store.layout import metadata_key, part_key
 from store.layout import parse_job_key as parse_job_key_uncached
 from store.manifest import parse_manifest
 from store.retry import RetryingStore, StoreRetryConfig
@@ -190,6 +192,8 @@ class World:
         self.rescale_weight = self.rng.choice([0.3, 1, 3])
         self.gc_race = self.rng.random() < 0.12  # one writer committing back to back while GC, retention and compaction race it
         self.gc_focus = self.gc_race or self.rng.random() < 0.3  # maintenance, GC and retention dominate; time passes quickly
+        # an operator deletes checkpoints running commits build on (their parent, the latest): each commit must notice (I6)
+        self.parent_deletes = self.rng.random() < 0.3
         if self.gc_focus:
             self.time_weight = 6
             self.compact_weight = 0.5
@@ -353,7 +357,7 @@ class World:
             m = self._parse(key, data, etag)
             prefix = f"jobs/{parsed.job}/"
             missing = sorted(p for p in m.referenced_paths if prefix + p not in present)
-            if missing:
+            if missing and not (parsed.kind == "part" and self.never_counts(parsed.job, m, missing)):
                 self.fail(f"{key} (etag {etag}) references {missing[0]}, which GC or someone else deleted")
         versions = self.complete_versions()
         for cid, (m, etag) in versions.items():
@@ -361,6 +365,7 @@ class World:
                 continue
             self.verified.add((f"chk-{cid}", etag))
             self.stats["complete_versions"] += 1
+            self.check_held_at_once(cid, self.part_ids(m))
             for pid in self.part_ids(m):
                 part = self.parts.get(pid)
                 if part is not None and part.fenced_before:
@@ -384,6 +389,39 @@ class World:
             latest = CheckpointReader(self.store.inner, JOB).latest()
             if latest in left_behind:
                 self.fail(f"latest is {latest}, a checkpoint the rewind to an earlier one left behind")
+
+    def check_held_at_once(self, cid: int, part_ids: tuple[PartId, ...]) -> None:
+        """I1: a completion judged every part by one writers table read after they all landed, so some moment after the
+        last of them was written came before any of their writers was fenced.
+        """
+        written = [self.part_written_at.get(f"jobs/{JOB}/chk-{p[0]}/parts/{p[1]}-{p[2]}-e{p[3]}.json") for p in part_ids]
+        fenced = [(f, p) for p in part_ids if (f := self.fenced_at.get(p[1:])) is not None]
+        if None in written or not fenced:
+            return  # a part of an earlier life or written before this run's records, or no writer fenced yet
+        last = max(w for w in written if w is not None)
+        first_fence, fenced_part = min(fenced)
+        if last > first_fence:
+            self.fail(
+                f"checkpoint {cid}'s parts never all held their ranges at once: the last was written (store effect {last}) "
+                f"after the writer of {fenced_part} was fenced (effect {first_fence})"
+            )
+
+    def never_counts(self, job: str, part, missing: list[str]) -> bool:
+        """Whether a part naming files that are gone is one the protocol never counts: its own delta is there, but its
+        parent (the _metadata, or its writer's own part of it) was deleted and no longer holds what it carried.
+
+        Such a part was written by a commit whose parent was deleted under it; that commit fails its parent check, and
+        every completion checks each part's parent (I6), so only a checkpoint holding it would be wrong (checked above).
+        """
+        mine = own_delta(part)
+        if mine is not None and mine.path in missing:
+            return False
+        p = part.parts[0]
+        for key in (metadata_key(job, part.parent_id), part_key(job, part.parent_id, p.kg_lo, p.kg_hi, p.epoch)):
+            item = self._objects().get(key)
+            if item is not None and carried_paths(part) <= self._parse(key, item[0], item[1]).referenced_paths:
+                return False
+        return True
 
     def writers(self):
         from store.writers import EMPTY_TABLE, parse_writers
@@ -767,9 +805,11 @@ class World:
             self.note(f"restore savepoint {name} into {job}")
             self.launch(f"restore-job-{job}", lambda: life.restore_job(job, savepoint=name), restored)
         elif versions:
-            protected = {t.base[0] for t in self.subtasks if t.base} | {t.restore_target for t in self.restoring} | {self.latest_current()}
-            protected |= {t.backend.parent_id for t in self.subtasks} | {cid for cid, e in self.pinned.items() if e > self.sched.now_ms}
-            candidates = [cid for cid in versions if cid not in protected and cid < self.latest_current()]
+            protected = {t.base[0] for t in self.subtasks if t.base} | {t.restore_target for t in self.restoring}
+            protected |= {cid for cid, e in self.pinned.items() if e > self.sched.now_ms}
+            if not self.parent_deletes:
+                protected |= {t.backend.parent_id for t in self.subtasks} | {self.latest_current()}
+            candidates = [cid for cid in versions if cid not in protected and (self.parent_deletes or cid < self.latest_current())]
             if candidates:
                 cid = self.rng.choice(sorted(candidates))
                 self.deleted.add(cid)

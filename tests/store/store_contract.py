@@ -67,6 +67,24 @@ class StoreContract:
             store.put_if_absent("jobs/j/x", b"second")
         assert store.get("jobs/j/x") == b"first"
 
+    def test_put_if_absent_file_puts_a_spooled_file_once(self, store):
+        spool = store.spool_path()
+        blob = bytes(range(256)) * 1000
+        spool.write_bytes(blob)
+        before = store.counters.snapshot()["bytes_written"]
+        etag = store.put_if_absent_file("jobs/j/data/a.arrow", spool, len(blob))
+        assert store.get("jobs/j/data/a.arrow") == blob and store.head("jobs/j/data/a.arrow").etag == etag
+        assert store.counters.snapshot()["bytes_written"] - before == len(blob)
+        spool.unlink()  # the caller's to remove; the object stays
+        assert store.get("jobs/j/data/a.arrow") == blob
+        again = store.spool_path()
+        again.write_bytes(b"other bytes")
+        with pytest.raises(ConflictError, match="jobs/j/data/a.arrow"):
+            store.put_if_absent_file("jobs/j/data/a.arrow", again, 11)
+        again.unlink()
+        assert store.get("jobs/j/data/a.arrow") == blob
+        assert not [i.key for i in store.list("") if "spool" in i.key]  # a spool is never an object of the store
+
     def test_compare_and_swap(self, store):
         e1 = store.compare_and_swap("w", b"v1", None)
         with pytest.raises(ConflictError):
