@@ -354,6 +354,12 @@ class CommitProtocol:
                 part = self._repeat(job, key, kg, cid, delta_sha)
                 repeated, written = True, 0  # what this attempt uploaded is garbage (GC): the earlier attempt's part stands
         assert part is not None  # _repeat without missing_ok or epoch returns the part or raises
+        if repeated and part_etag is None and retry:
+            # a client's repeat ends as its first attempt did (I7): complete if the checkpoint completed with this part,
+            # whatever happened to the table or the parent since
+            done = self._complete_with(job, cid, kg, epoch)
+            if done is not None:
+                return CommitResult(info_of(job, *done), written, repeated)
         # every writer of the table seen before the part was written has a part this pool wrote since: nothing to list,
         # if the table read next is that same version (I1)
         fresh = part_etag is not None

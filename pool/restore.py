@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 from pool.lifecycle_context import LifecycleContext
@@ -51,7 +52,7 @@ class Restorer:
         # start at the clock, as a new job's do, so no process of an earlier job of this name holds one of them.
         epoch = first_epoch(self.context.clock)
         try:
-            claim = self.context.store.put_if_absent(writers_key(new_job), WriterTable(epoch + 1, ()).to_json())
+            claim = self.context.store.put_if_absent(writers_key(new_job), WriterTable(epoch + 1, (), life=uuid.uuid4().hex).to_json())
         except ConflictError:
             raise ConflictError(f"job {new_job} was created concurrently in {self.context.store.uri}; this restore wrote nothing") from None
         renamed: dict[str, str] = {}

@@ -62,7 +62,7 @@ class Fencing:
         except NotFoundError:
             with self._seen_lock:
                 self._seen.pop(job, None)
-            return WriterTable(first_epoch(self._clock), ()), None
+            return WriterTable(first_epoch(self._clock), (), life=uuid.uuid4().hex), None
         table = parse_writers(data, key)
         self._remember(job, table, etag)
         return table, etag

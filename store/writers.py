@@ -41,6 +41,9 @@ class WriterTable:
     restores: tuple[tuple[int, int], ...] = ()
     retiring: tuple[tuple[int, int, str], ...] = ()  # (checkpoint, until_ms, owner): who announced the removal
     serial: int = 0  # bumped on every change, so a table never returns to earlier bytes (an S3 etag is their MD5)
+    # drawn at random when a job's first table is made: a job deleted and made again never repeats an earlier life's
+    # bytes (and so etags) even when the clock that starts its epochs repeats
+    life: str = ""
 
     def holds(self, kg_lo: int, kg_hi: int, epoch: int | None) -> bool:
         """Whether ``epoch`` still owns exactly kg_lo..kg_hi."""
@@ -115,6 +118,8 @@ class WriterTable:
             body["retiring"] = [{"checkpoint": c, "until_ms": u, "owner": o} for c, u, o in self.retiring]
         if self.serial:
             body["serial"] = self.serial
+        if self.life:
+            body["life"] = self.life
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -142,9 +147,12 @@ def parse_writers(data: bytes, name: str) -> WriterTable:
         restores = tuple((_int(r["base"]), _int(r["epoch"])) for r in d.get("restores", []))
         retiring = tuple((_int(r["checkpoint"]), _int(r["until_ms"]), str(r.get("owner", ""))) for r in d.get("retiring", []))
         serial = _int(d.get("serial", 0))
+        life = d.get("life", "")  # absent in tables written before it
+        if not isinstance(life, str):
+            raise ValueError("life must be a string")
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptDataError(f"writers file {name} is malformed: {exc}") from exc
-    return WriterTable(next_epoch, tuple(writers), restores, retiring, serial)
+    return WriterTable(next_epoch, tuple(writers), restores, retiring, serial, life)
 
 
 def _int(value: object) -> int:
