@@ -6,6 +6,7 @@ import json
 import logging
 import random
 import re
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
@@ -262,6 +263,23 @@ def test_concurrent_same_checkpoint_same_range_one_wins_the_other_is_aborted(ser
     assert len(pool.scan(job, 1)) == len(keys)
 
 
+def _wait_until_bindable(port: int, timeout_s: float = 30.0) -> None:
+    """Return once 127.0.0.1:port can be bound (bounded); fail naming the port otherwise."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"port {port} stayed in use for {timeout_s:g} s: the store could not come back on it")
+        time.sleep(0.1)
+
+
 def test_object_store_outage_is_unavailable_and_the_server_keeps_serving(
     s3_config: StoreConfig, make_server: Callable[..., PoolServer]
 ) -> None:
@@ -305,6 +323,7 @@ def test_object_store_outage_is_unavailable_and_the_server_keeps_serving(
         assert health.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         # the store comes back on the same port: the same server answers again (moto keeps its state in process)
+        _wait_until_bindable(port)  # another test's ephemeral socket may hold the freed port a moment (moto would hang)
         moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         moto.start()
     try:
