@@ -85,8 +85,15 @@ def make_state(rows: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndar
     return user_ints, ops, full
 
 
-def make_delta(user_ints: np.ndarray, ops: np.ndarray, fraction: float, rng: np.random.Generator, next_new: int) -> bytes:
-    """A delta touching ``fraction`` of the state: 80% overwrites, 10% erases, 10% new keys."""
+def make_delta(
+    user_ints: np.ndarray,
+    ops: np.ndarray,
+    fraction: float,
+    rng: np.random.Generator,
+    next_new: int,
+    keys_of: Callable[[np.ndarray], pa.Array] = keyed_keys,
+) -> bytes:
+    """A delta touching ``fraction`` of the state: 80% overwrites, 10% erases, 10% new keys (``keys_of``: user ints to keys)."""
     n = max(int(len(user_ints) * fraction), 10)
     n_over, n_erase = int(n * 0.8), int(n * 0.1)
     n_new = n - n_over - n_erase
@@ -97,7 +104,7 @@ def make_delta(user_ints: np.ndarray, ops: np.ndarray, fraction: float, rng: np.
         [np.full(n_over, snapshot.ROW_PUT), np.full(n_erase, snapshot.ROW_ERASE), np.full(n_new, snapshot.ROW_PUT)]
     ).astype(np.uint8)
     values = random_values(rng, n)
-    return changelog(kinds, d_ops, keyed_keys(d_users), values)
+    return changelog(kinds, d_ops, keys_of(d_users), values)
 
 
 def commit_chunks(job: str, cid: int, parent: int, epoch: int, delta: bytes) -> Iterator[pb.CommitChunk]:

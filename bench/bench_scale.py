@@ -29,7 +29,17 @@ sys.path.insert(0, str(REPO))
 
 import snapshot  # noqa: E402
 import store.datafile as datafile  # noqa: E402
-from bench.bench_pool import MAX_MESSAGE, OPERATORS, SLOT, binary_array, changelog, commit_chunks, keyed_keys, random_values  # noqa: E402
+from bench.bench_pool import (  # noqa: E402
+    MAX_MESSAGE,
+    OPERATORS,
+    SLOT,
+    binary_array,
+    changelog,
+    commit_chunks,
+    keyed_keys,
+    make_delta,
+    random_values,
+)
 from bench.bench_pool import VALUE_BYTES as POOL_BENCH_VALUE_BYTES  # noqa: E402
 from bench.bench_vs_slatedb import CREDENTIALS, POOL_BUCKET, SLATE_BUCKET, open_slatedb, ours_write, timed  # noqa: E402
 from client import BackendConfig, RemoteReadBackend  # noqa: E402
@@ -94,20 +104,6 @@ def full_state(rows: int, rng: np.random.Generator, ops: np.ndarray | None = Non
     keys, values = keys40(user_ints), random_values(rng, rows)
     ops = np.full(rows, OP, np.uint64) if ops is None else ops
     return user_ints, keys, values, changelog(np.full(rows, snapshot.ROW_PUT, np.uint8), ops, keys, values)
-
-
-def delta_state(user_ints: np.ndarray, ops: np.ndarray, fraction: float, rng: np.random.Generator, next_new: int) -> bytes:
-    """A changelog touching ``fraction`` of the state, as bench_pool's make_delta: 80% overwrites, 10% erases, 10% new keys."""
-    n = max(int(len(user_ints) * fraction), 10)
-    n_over, n_erase = int(n * 0.8), int(n * 0.1)
-    n_new = n - n_over - n_erase
-    idx = rng.choice(len(user_ints), n_over + n_erase, replace=False)
-    d_users = np.concatenate([user_ints[idx], np.arange(next_new, next_new + n_new, dtype=np.uint64)])
-    d_ops = np.concatenate([ops[idx], np.full(n_new, OPERATORS[0], np.uint64)])
-    kinds = np.concatenate(
-        [np.full(n_over, snapshot.ROW_PUT), np.full(n_erase, snapshot.ROW_ERASE), np.full(n_new, snapshot.ROW_PUT)]
-    ).astype(np.uint8)
-    return changelog(kinds, d_ops, keys40(d_users), random_values(rng, n))
 
 
 # -- pools ------------------------------------------------------------------------------------------
@@ -443,7 +439,7 @@ def commit_requests(uri: str, config: StoreConfig, args: argparse.Namespace, rng
         delta_times = []
         next_new = n + 1
         for cid in range(2, 5):
-            delta = delta_state(user_ints, ops, 0.01, rng, next_new)
+            delta = make_delta(user_ints, ops, 0.01, rng, next_new, keys_of=keys40)
             next_new += n
             before = p.counters()
             seconds, _ = commit(p.stub, job, cid, cid - 1, epoch, delta)

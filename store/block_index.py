@@ -45,6 +45,25 @@ def build_bloom(hashes: np.ndarray) -> tuple[np.ndarray, int]:
     return np.packbits(flags, bitorder="little"), bits
 
 
+def _firsts(first_keys: tuple[bytes, ...], first_ops: np.ndarray) -> list[tuple[bytes, int]]:
+    # the layout's sort order: key bytes, then op_id (Python compares bytes unsigned, as Arrow sorts them)
+    return list(zip(first_keys, (int(o) for o in first_ops), strict=True))
+
+
+def _last_not_after(firsts: list[tuple[bytes, int]], key: bytes, op_id: int) -> int:
+    """The entry whose run can hold (key, op_id): the last whose first row is not after it."""
+    return max(0, bisect.bisect_right(firsts, (key, op_id)) - 1)
+
+
+def _padded(header: bytes, arrays: list[bytes], first_keys: tuple[bytes, ...], tail: bytes = b"") -> bytes:
+    """An index's bytes: header, fixed-width arrays, the first keys (lengths, then bytes), a tail; padded to a multiple of 3
+    (so its base64 starts at a known place in the footer's text).
+    """
+    lengths = np.fromiter((len(k) for k in first_keys), "<u4", len(first_keys)).tobytes()
+    blob = b"".join([header, *arrays, lengths, b"".join(first_keys), tail])
+    return blob + b"\0" * (-len(blob) % 3)
+
+
 @dataclass(frozen=True)
 class BlockIndex:
     """Consecutive blocks of a segment (a partition) in key order: byte range, rows, crc32 and first (key, op_id) of each,
@@ -68,8 +87,7 @@ class BlockIndex:
 
     @cached_property
     def _firsts(self) -> list[tuple[bytes, int]]:
-        # the layout's sort order: key bytes, then op_id (Python compares bytes unsigned, as Arrow sorts them)
-        return list(zip(self.first_keys, (int(o) for o in self.first_ops), strict=True))
+        return _firsts(self.first_keys, self.first_ops)
 
     @property
     def nbytes(self) -> int:
@@ -86,24 +104,14 @@ class BlockIndex:
 
     def block_of(self, key: bytes, op_id: int) -> int:
         """The only block that can hold (key, op_id): the last whose first row is not after it."""
-        return max(0, bisect.bisect_right(self._firsts, (key, op_id)) - 1)
+        return _last_not_after(self._firsts, key, op_id)
 
     def encode(self) -> bytes:
-        """The index's bytes, padded to a multiple of 3 (so its base64 starts at a known place in the footer's text)."""
-        n = len(self.first_keys)
-        parts = [
-            _HEADER.pack(MAGIC, VERSION, n, self.bloom_bits, self.probes),
-            self.offsets.astype("<u8").tobytes(),
-            self.lengths.astype("<u4").tobytes(),
-            self.rows.astype("<u4").tobytes(),
-            self.crcs.astype("<u4").tobytes(),
-            self.first_ops.astype("<u8").tobytes(),
-            np.fromiter((len(k) for k in self.first_keys), "<u4", n).tobytes(),
-            b"".join(self.first_keys),
-            self.bloom.tobytes(),
-        ]
-        blob = b"".join(parts)
-        return blob + b"\0" * (-len(blob) % 3)
+        """The partition's bytes, padded to a multiple of 3."""
+        arrays = [self.offsets.astype("<u8"), self.lengths.astype("<u4"), self.rows.astype("<u4"), self.crcs.astype("<u4")]
+        arrays.append(self.first_ops.astype("<u8"))
+        header = _HEADER.pack(MAGIC, VERSION, len(self.first_keys), self.bloom_bits, self.probes)
+        return _padded(header, [a.tobytes() for a in arrays], self.first_keys, self.bloom.tobytes())
 
 
 class _Reader:
@@ -127,18 +135,8 @@ class _Reader:
 
 
 def parse_block_index(data: bytes, where: str, crc32: int, segment_start: int, segment_end: int, rows: int) -> BlockIndex:
-    """Decode and check one segment's index (its base64 text as stored); errors name ``where``."""
-    actual = zlib.crc32(data)
-    if actual != crc32:
-        raise ChecksumMismatchError(where, f"crc32 {crc32:08x}", f"crc32 {actual:08x}")
-    try:
-        raw = base64.b64decode(data, validate=True)
-        magic, version, n, bloom_bits, probes = _HEADER.unpack_from(raw, 0)
-    except (ValueError, struct.error) as exc:
-        raise CorruptDataError(f"{where}: block index does not decode: {exc}") from exc
-    if magic != MAGIC or version != VERSION:
-        raise CorruptDataError(f"{where}: block index has magic {magic!r} version {version}, expected {MAGIC!r} version {VERSION}")
-    reader = _Reader(raw, _HEADER.size, where)
+    """Decode and check one partition of a segment's index (its base64 text as stored); errors name ``where``."""
+    reader, (n, bloom_bits, probes) = _open(data, where, crc32, _HEADER, MAGIC, VERSION)
     offsets = reader.take("<u8", n).astype(np.int64)
     lengths = reader.take("<u4", n).astype(np.int64)
     block_rows = reader.take("<u4", n).astype(np.int64)
@@ -151,9 +149,7 @@ def parse_block_index(data: bytes, where: str, crc32: int, segment_start: int, s
     if not tiles or int(offsets[-1] + lengths[-1]) != segment_end or int(block_rows.sum()) != rows or probes < 1 or bloom_bits < 8:
         raise CorruptDataError(f"{where}: block index does not tile its segment ({n} blocks, {int(block_rows.sum())} rows)")
     index = BlockIndex(offsets, lengths, block_rows, crcs, first_ops, first_keys, bloom, bloom_bits, probes)
-    firsts = index._firsts
-    if any(a >= b for a, b in zip(firsts, firsts[1:], strict=False)):  # a key would be looked for in the wrong block
-        raise CorruptDataError(f"{where}: block index first keys are not in key order")
+    _check_key_order(index._firsts, where)
     return index
 
 
@@ -172,7 +168,7 @@ class IndexTop:
 
     @cached_property
     def _firsts(self) -> list[tuple[bytes, int]]:
-        return list(zip(self.first_keys, (int(o) for o in self.first_ops), strict=True))
+        return _firsts(self.first_keys, self.first_ops)
 
     @property
     def nbytes(self) -> int:
@@ -181,25 +177,14 @@ class IndexTop:
 
     def partition_of(self, key: bytes, op_id: int) -> int:
         """The only partition that can hold (key, op_id): the last whose first row is not after it."""
-        return max(0, bisect.bisect_right(self._firsts, (key, op_id)) - 1)
+        return _last_not_after(self._firsts, key, op_id)
 
     def encode(self) -> bytes:
         """The top's bytes, padded to a multiple of 3 like a partition's."""
-        n = len(self.first_keys)
-        parts = [
-            _TOP_HEADER.pack(TOP_MAGIC, TOP_VERSION, n, 0),
-            self.text_offsets.astype("<u4").tobytes(),
-            self.text_lengths.astype("<u4").tobytes(),
-            self.crcs.astype("<u4").tobytes(),
-            self.starts.astype("<u8").tobytes(),
-            self.ends.astype("<u8").tobytes(),
-            self.rows.astype("<u4").tobytes(),
-            self.first_ops.astype("<u8").tobytes(),
-            np.fromiter((len(k) for k in self.first_keys), "<u4", n).tobytes(),
-            b"".join(self.first_keys),
-        ]
-        blob = b"".join(parts)
-        return blob + b"\0" * (-len(blob) % 3)
+        arrays = [self.text_offsets.astype("<u4"), self.text_lengths.astype("<u4"), self.crcs.astype("<u4")]
+        arrays += [self.starts.astype("<u8"), self.ends.astype("<u8"), self.rows.astype("<u4"), self.first_ops.astype("<u8")]
+        header = _TOP_HEADER.pack(TOP_MAGIC, TOP_VERSION, len(self.first_keys), 0)
+        return _padded(header, [a.tobytes() for a in arrays], self.first_keys)
 
 
 def partition(index: BlockIndex, lo: int, hi: int, bloom: np.ndarray, bloom_bits: int) -> BlockIndex:
@@ -225,7 +210,6 @@ def encode_segment_index(blocks: BlockIndex, hashes: np.ndarray, per_partition: 
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         bloom, bits = build_bloom(hashes[row_starts[lo] : row_starts[hi]])
         parts.append(partition(blocks, lo, hi, bloom, bits).encode())
-    count = len(parts)
 
     def top_for(first_char: int) -> IndexTop:
         lengths = np.array([len(b) // 3 * 4 for b in parts], np.int64)
@@ -242,23 +226,13 @@ def encode_segment_index(blocks: BlockIndex, hashes: np.ndarray, per_partition: 
 
     top_bytes = len(top_for(0).encode())  # fixed-width fields: the length does not depend on the offsets
     top = top_for(top_bytes // 3 * 4).encode()
-    assert len(top) == top_bytes and count == len(bounds) - 1
+    assert len(top) == top_bytes
     return top + b"".join(parts), top_bytes
 
 
 def parse_index_top(data: bytes, where: str, crc32: int, segment_start: int, segment_end: int, rows: int) -> IndexTop:
     """Decode and check a segment's top (its base64 text as stored): partitions must tile the segment in key order."""
-    actual = zlib.crc32(data)
-    if actual != crc32:
-        raise ChecksumMismatchError(where, f"crc32 {crc32:08x}", f"crc32 {actual:08x}")
-    try:
-        raw = base64.b64decode(data, validate=True)
-        magic, version, n, _ = _TOP_HEADER.unpack_from(raw, 0)
-    except (ValueError, struct.error) as exc:
-        raise CorruptDataError(f"{where}: block index does not decode: {exc}") from exc
-    if magic != TOP_MAGIC or version != TOP_VERSION:
-        raise CorruptDataError(f"{where}: block index has magic {magic!r} version {version}, expected {TOP_MAGIC!r} version {TOP_VERSION}")
-    reader = _Reader(raw, _TOP_HEADER.size, where)
+    reader, (n, _) = _open(data, where, crc32, _TOP_HEADER, TOP_MAGIC, TOP_VERSION)
     text_offsets = reader.take("<u4", n).astype(np.int64)
     text_lengths = reader.take("<u4", n).astype(np.int64)
     crcs = reader.take("<u4", n).astype(np.uint32)
@@ -271,6 +245,33 @@ def parse_index_top(data: bytes, where: str, crc32: int, segment_start: int, seg
     tiles = n > 0 and starts[0] == segment_start and bool((starts[1:] == ends[:-1]).all()) and bool((ends > starts).all())
     if not tiles or int(ends[-1]) != segment_end or int(part_rows.sum()) != rows or (text_lengths < 4).any():
         raise CorruptDataError(f"{where}: block index does not tile its segment ({n} partitions, {int(part_rows.sum())} rows)")
-    if any(a >= b for a, b in zip(top._firsts, top._firsts[1:], strict=False)):
-        raise CorruptDataError(f"{where}: block index first keys are not in key order")
+    _check_key_order(top._firsts, where)
     return top
+
+
+def parse_partition(data: bytes, where: str, top: IndexTop, p: int) -> BlockIndex:
+    """Partition ``p`` of a segment (its text as stored), checked against what the segment's top says of it."""
+    part = parse_block_index(data, where, int(top.crcs[p]), int(top.starts[p]), int(top.ends[p]), int(top.rows[p]))
+    if (part.first_keys[0], int(part.first_ops[0])) != (top.first_keys[p], int(top.first_ops[p])):
+        raise CorruptDataError(f"{where}: starts with another key than its segment's top says")
+    return part
+
+
+def _open(data: bytes, where: str, crc32: int, header: struct.Struct, magic: bytes, version: int) -> tuple[_Reader, tuple]:
+    """Check an index piece's crc32, decode its base64 and header: a reader past the header, and the header's other fields."""
+    actual = zlib.crc32(data)
+    if actual != crc32:
+        raise ChecksumMismatchError(where, f"crc32 {crc32:08x}", f"crc32 {actual:08x}")
+    try:
+        raw = base64.b64decode(data, validate=True)
+        found, found_version, *fields = header.unpack_from(raw, 0)
+    except (ValueError, struct.error) as exc:
+        raise CorruptDataError(f"{where}: block index does not decode: {exc}") from exc
+    if found != magic or found_version != version:
+        raise CorruptDataError(f"{where}: block index has magic {found!r} version {found_version}, expected {magic!r} version {version}")
+    return _Reader(raw, header.size, where), tuple(fields)
+
+
+def _check_key_order(firsts: list[tuple[bytes, int]], where: str) -> None:
+    if any(a >= b for a, b in zip(firsts, firsts[1:], strict=False)):  # a key would be looked for in the wrong place
+        raise CorruptDataError(f"{where}: block index first keys are not in key order")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ from snapshot import (
     merge_tables,
     overlay,
 )
-from snapshot.errors import CorruptDataError, InvalidArgumentError, NotFoundError
+from snapshot.errors import InvalidArgumentError, NotFoundError
 from snapshot.key_index import KeyIndex, hash_keys
 from store.assembly import (
     Piece,
@@ -36,7 +37,7 @@ from store.assembly import (
     overlay_pieces,
     pieces_of_op_ids,
 )
-from store.block_index import BlockIndex, IndexTop, parse_block_index, parse_index_top
+from store.block_index import BlockIndex, IndexTop, parse_index_top, parse_partition
 from store.datafile import DataFile, Segment, decode_blocks, decode_segment, verify_block, verify_file, verify_segment
 from store.layout import checkpoint_prefix, checkpoints_prefix, job_file_key, metadata_key, parse_job_key, writers_key
 from store.manifest import Manifest, Part, ordered_layers, parse_manifest
@@ -274,17 +275,21 @@ class CheckpointReader:
         """Bytes of a file's segments (the file less its header and footer, which hold the block indexes)."""
         return sum(s.length for s in entry.segments)
 
-    def _get_file(self, key: str, entry: DataFile) -> bytes:
+    @contextmanager
+    def _file_named(self, entry: DataFile) -> Iterator[None]:
+        """A missing data file is NotFoundError naming it, its job and the store (not the bare store key)."""
         try:
-            return self.store.get(key)
+            yield
         except NotFoundError:
             raise NotFoundError(f"data file {entry.path} of job {self.job} is missing from {self.store.uri}") from None
 
+    def _get_file(self, key: str, entry: DataFile) -> bytes:
+        with self._file_named(entry):
+            return self.store.get(key)
+
     def _get_range(self, key: str, entry: DataFile, start: int, length: int) -> bytes:
-        try:
+        with self._file_named(entry):
             return self.store.get_range(key, start, length)
-        except NotFoundError:
-            raise NotFoundError(f"data file {entry.path} of job {self.job} is missing from {self.store.uri}") from None
 
     def _keyed_rows(self, entry: DataFile, lo: int, hi: int) -> pa.Table | None:
         """Rows of key groups lo..hi from one file (changelog for deltas, canonical for bases), or None."""
@@ -317,68 +322,80 @@ class CheckpointReader:
         """
         return entry.size * 4 > self.cache.max_bytes and all(s.index is not None for s in entry.segments)
 
+    def _cached_pieces(self, entry: DataFile, keys: list[tuple], range_of: Callable[[int], tuple[int, int]], decode) -> list:
+        """The cached values under ``keys``; the missing ones fetched in one call of ranged reads, ``decode(i, bytes)`` to
+        (value, bytes held) each and cached.
+        """
+        out = [self.cache.get(k) for k in keys]
+        missing = [i for i, found in enumerate(out) if found is None]
+        if missing:
+            for i, data in zip(missing, self._get_ranges(entry, [range_of(i) for i in missing]), strict=True):
+                value, size = decode(i, data)
+                self.cache.put(keys[i], value, size)
+                out[i] = value
+        return out
+
     def index_tops(self, entry: DataFile, segments: Sequence[Segment]) -> list[IndexTop]:
         """The (cached) top block index of some segments, in one coalesced read: a small index is read whole, partitions too."""
-        out: list[IndexTop | None] = [self.cache.get((self.store.uri, self.job, entry.path, "index-top", s.offset)) for s in segments]
-        missing = [i for i, top in enumerate(out) if top is None]
-        if missing:
-            ranges = []
-            for i in missing:
-                offset, top_len, _, total = segments[i].index  # type: ignore[misc]
-                ranges.append((offset, total if total <= SMALL_INDEX_CHARS else top_len))
-            for i, data in zip(missing, self._get_ranges(entry, ranges), strict=True):
-                seg = segments[i]
-                assert seg.index is not None
-                offset, top_len, crc, total = seg.index
-                where = f"{entry.path} (block index of the segment at offset {seg.offset})"
-                top = parse_index_top(data[:top_len], where, crc, seg.offset, seg.offset + seg.length, seg.rows)
-                self.cache.put((self.store.uri, self.job, entry.path, "index-top", seg.offset), top, top.nbytes)
-                if len(data) == total:  # read whole: its partitions are here too
-                    for p in range(len(top.first_keys)):
-                        at = int(top.text_offsets[p])
-                        self._parse_partition(entry, seg, top, p, data[at : at + int(top.text_lengths[p])])
-                out[i] = top
-        return out  # type: ignore[return-value]  # every None was filled in above
+
+        def range_of(i: int) -> tuple[int, int]:
+            offset, top_len, _, total = segments[i].index  # type: ignore[misc]
+            return offset, total if total <= SMALL_INDEX_CHARS else top_len
+
+        def decode(i: int, data: bytes) -> tuple[IndexTop, int]:
+            seg = segments[i]
+            assert seg.index is not None
+            _, top_len, crc, total = seg.index
+            where = f"{entry.path} (block index of the segment at offset {seg.offset})"
+            top = parse_index_top(data[:top_len], where, crc, seg.offset, seg.offset + seg.length, seg.rows)
+            if len(data) == total:  # read whole: its partitions are here too
+                for p in range(len(top.first_keys)):
+                    at = int(top.text_offsets[p])
+                    self._parse_partition(entry, seg, top, p, data[at : at + int(top.text_lengths[p])])
+            return top, top.nbytes
+
+        keys = [(self.store.uri, self.job, entry.path, "index-top", s.offset) for s in segments]
+        return self._cached_pieces(entry, keys, range_of, decode)
 
     def index_partitions(self, entry: DataFile, wanted: Sequence[tuple[Segment, IndexTop, int]]) -> list[BlockIndex]:
         """The (cached) partitions (segment, its top, partition number) of one file: missing ones in one call of ranged reads."""
-        keys = [(self.store.uri, self.job, entry.path, "index-part", seg.offset, p) for seg, _, p in wanted]
-        out: list[BlockIndex | None] = [self.cache.get(k) for k in keys]
-        missing = [i for i, found in enumerate(out) if found is None]
-        if missing:
-            ranges = []
-            for i in missing:
-                seg, top, p = wanted[i]
-                assert seg.index is not None
-                ranges.append((seg.index[0] + int(top.text_offsets[p]), int(top.text_lengths[p])))
-            for i, data in zip(missing, self._get_ranges(entry, ranges), strict=True):
-                out[i] = self._parse_partition(entry, *wanted[i], data)
-        return out  # type: ignore[return-value]
+
+        def range_of(i: int) -> tuple[int, int]:
+            seg, top, p = wanted[i]
+            assert seg.index is not None
+            return seg.index[0] + int(top.text_offsets[p]), int(top.text_lengths[p])
+
+        def decode(i: int, data: bytes) -> tuple[BlockIndex, int]:
+            part = self._parse_partition(entry, *wanted[i], data)
+            return part, part.nbytes
+
+        return self._cached_pieces(entry, [self._partition_key(entry, seg, p) for seg, _, p in wanted], range_of, decode)
+
+    def _partition_key(self, entry: DataFile, seg: Segment, p: int) -> tuple:
+        return (self.store.uri, self.job, entry.path, "index-part", seg.offset, p)
 
     def _parse_partition(self, entry: DataFile, seg: Segment, top: IndexTop, p: int, data: bytes) -> BlockIndex:
-        where = f"{entry.path} (block index partition {p} of the segment at offset {seg.offset})"
-        part = parse_block_index(data, where, int(top.crcs[p]), int(top.starts[p]), int(top.ends[p]), int(top.rows[p]))
-        if (part.first_keys[0], int(part.first_ops[0])) != (top.first_keys[p], int(top.first_ops[p])):
-            raise CorruptDataError(f"{where}: starts with another key than its segment's top says")
-        self.cache.put((self.store.uri, self.job, entry.path, "index-part", seg.offset, p), part, part.nbytes)
+        part = parse_partition(data, f"{entry.path} (block index partition {p} of the segment at offset {seg.offset})", top, p)
+        self.cache.put(self._partition_key(entry, seg, p), part, part.nbytes)
         return part
 
     def blocks(self, entry: DataFile, wanted: Sequence[tuple[BlockIndex, int]]) -> list[pa.Table]:
         """The (cached) rows of some (segment's index, block) of one file: missing ones in one call of concurrent ranged reads, verified."""
+
+        def range_of(i: int) -> tuple[int, int]:
+            index, b = wanted[i]
+            return int(index.offsets[b]), int(index.lengths[b])
+
+        def decode(i: int, data: bytes) -> tuple[pa.Table, int]:
+            index, b = wanted[i]
+            verify_block(entry, index, b, data)
+            table = decode_blocks(entry, int(index.offsets[b]), data, int(index.rows[b]))
+            where = f"data file {entry.path} (block at offset {int(index.offsets[b])})"
+            index.check_first_row(b, table.column("key_bytes")[0].as_py(), table.column("op_id")[0].as_py(), where)
+            return table, len(data) + 64
+
         keys = [(self.store.uri, self.job, entry.path, "block", int(index.offsets[b])) for index, b in wanted]
-        out: list[pa.Table | None] = [self.cache.get(k) for k in keys]
-        missing = [i for i, found in enumerate(out) if found is None]
-        if missing:
-            ranges = [(int(wanted[i][0].offsets[wanted[i][1]]), int(wanted[i][0].lengths[wanted[i][1]])) for i in missing]
-            for i, data in zip(missing, self._get_ranges(entry, ranges), strict=True):
-                index, b = wanted[i]
-                verify_block(entry, index, b, data)
-                table = decode_blocks(entry, int(index.offsets[b]), data, int(index.rows[b]))
-                where = f"data file {entry.path} (block at offset {int(index.offsets[b])})"
-                index.check_first_row(b, table.column("key_bytes")[0].as_py(), table.column("op_id")[0].as_py(), where)
-                self.cache.put(keys[i], table, len(data) + 64)
-                out[i] = table
-        return out
+        return self._cached_pieces(entry, keys, range_of, decode)
 
     def lookup_one_by_block(self, entry: DataFile, op_id: int, key: bytes, key_hash: int) -> tuple[pa.Table, int] | None:
         """The block of ``entry`` holding (op_id, key) and its row there (a put, or an erase in a delta), or None if it holds none."""
@@ -395,10 +412,8 @@ class CheckpointReader:
         return (table, row) if row >= 0 else None
 
     def _get_ranges(self, entry: DataFile, ranges: list[tuple[int, int]]) -> list[bytes]:
-        try:
+        with self._file_named(entry):
             return self.store.get_ranges(job_file_key(self.job, entry.path), ranges)
-        except NotFoundError:
-            raise NotFoundError(f"data file {entry.path} of job {self.job} is missing from {self.store.uri}") from None
 
     def _operator_rows(self, entry: DataFile) -> pa.Table | None:
         segs = [s for s in entry.segments if s.operator]

@@ -40,8 +40,8 @@ from store.block_index import (
     BlockIndex,
     IndexTop,
     encode_segment_index,
-    parse_block_index,
     parse_index_top,
+    parse_partition,
 )
 
 KIND_BASE = "base"
@@ -370,11 +370,7 @@ def segment_index(entry: DataFile, segment: Segment, data: bytes) -> tuple[Index
     for p in range(len(top.first_keys)):
         at = offset + int(top.text_offsets[p])
         part_where = f"{where}, partition {p}"
-        text = data[at : at + int(top.text_lengths[p])]
-        part = parse_block_index(text, part_where, int(top.crcs[p]), int(top.starts[p]), int(top.ends[p]), int(top.rows[p]))
-        if (part.first_keys[0], int(part.first_ops[0])) != (top.first_keys[p], int(top.first_ops[p])):
-            raise CorruptDataError(f"{part_where}: starts with another key than its segment's top says")
-        parts.append(part)
+        parts.append(parse_partition(data[at : at + int(top.text_lengths[p])], part_where, top, p))
     return top, parts
 
 
