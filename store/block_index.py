@@ -202,21 +202,24 @@ def partition(index: BlockIndex, lo: int, hi: int, bloom: np.ndarray, bloom_bits
 
 
 def encode_segment_index(blocks: BlockIndex, hashes: np.ndarray, per_partition: int = BLOCKS_PER_PARTITION) -> tuple[bytes, int]:
-    """A segment's index bytes (top, then its partitions) and the top's length: blocks in partitions, a bloom filter each."""
+    """A segment's index as footer text (base64: the top, then its partitions) and the top's length in chars.
+
+    Every piece is padded to a multiple of 3 bytes, so each one's base64 is a slice of the whole text.
+    """
     n = len(blocks.first_keys)
     bounds = list(range(0, n, per_partition)) + [n]
     row_starts = np.concatenate([[0], np.cumsum(blocks.rows)])
-    parts = []
+    texts = []
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         bloom, bits = build_bloom(hashes[row_starts[lo] : row_starts[hi]])
-        parts.append(partition(blocks, lo, hi, bloom, bits).encode())
+        texts.append(base64.b64encode(partition(blocks, lo, hi, bloom, bits).encode()))
 
     def top_for(first_char: int) -> IndexTop:
-        lengths = np.array([len(b) // 3 * 4 for b in parts], np.int64)
+        lengths = np.array([len(t) for t in texts], np.int64)
         return IndexTop(
             first_char + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64),
             lengths,
-            np.array([zlib.crc32(base64.b64encode(b)) for b in parts], np.uint32),
+            np.array([zlib.crc32(t) for t in texts], np.uint32),
             np.array([int(blocks.offsets[lo]) for lo in bounds[:-1]], np.int64),
             np.array([int(blocks.offsets[hi - 1] + blocks.lengths[hi - 1]) for hi in bounds[1:]], np.int64),
             np.array([int(row_starts[hi] - row_starts[lo]) for lo, hi in zip(bounds, bounds[1:], strict=False)], np.int64),
@@ -225,9 +228,9 @@ def encode_segment_index(blocks: BlockIndex, hashes: np.ndarray, per_partition: 
         )
 
     top_bytes = len(top_for(0).encode())  # fixed-width fields: the length does not depend on the offsets
-    top = top_for(top_bytes // 3 * 4).encode()
-    assert len(top) == top_bytes
-    return top + b"".join(parts), top_bytes
+    top = base64.b64encode(top_for(top_bytes // 3 * 4).encode())
+    assert len(top) == top_bytes // 3 * 4
+    return top + b"".join(texts), len(top)
 
 
 def parse_index_top(data: bytes, where: str, crc32: int, segment_start: int, segment_end: int, rows: int) -> IndexTop:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import weakref
 import zlib
@@ -265,7 +264,7 @@ def encode_datafile(
             hashes = hash_keys(ops[start:end], keys.slice(start, end - start))  # per segment: small temporaries
             indexes.append(encode_segment_index(blocks, hashes, blocks_per_partition))
             segments.append(Segment(seg_start, length, end - start, seg_crc, lo, hi, is_op))
-    text = base64.b64encode(b"".join(blob for blob, _ in indexes))
+    text = b"".join(piece for piece, _ in indexes)
     data, size, footer, sha = _write_file(writer.schema, batches, {FOOTER_KEY: text} if segments else None, at, spool)
     if segments:
         # the footer stores the text contiguously (a flatbuffer string): find it once, each segment's index is a slice of it
@@ -274,9 +273,9 @@ def encode_datafile(
         if found < 4 or int.from_bytes(footer[found - 4 : found], "little") != len(text):
             raise AssertionError("the block index is not where the footer should hold it")
         at_char = 0
-        for i, (seg, (index_bytes, top_bytes)) in enumerate(zip(segments, indexes, strict=True)):
-            total, top = len(index_bytes) // 3 * 4, top_bytes // 3 * 4
-            crc = zlib.crc32(text[at_char : at_char + top])
+        for i, (seg, (piece, top)) in enumerate(zip(segments, indexes, strict=True)):
+            total = len(piece)
+            crc = zlib.crc32(piece[:top])
             segments[i] = Segment(
                 seg.offset, seg.length, seg.rows, seg.crc32, seg.kg_lo, seg.kg_hi, seg.operator, (text_at + at_char, top, crc, total)
             )
