@@ -85,6 +85,9 @@ class PoolServerConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     # None: grpc's default (HTTP/2 streams per connection)
     max_concurrent_streams: int | None = None
+    # each stream's fixed HTTP/2 receive window: what grpc takes in for a call nobody reads (a refused one) is at most this;
+    # grpc's default, a window grown by bandwidth probes, let 100 refused 4 MiB calls on one connection hold ~240 MB
+    stream_window_bytes: int = 1 << 20
     # the lifecycle RPCs' thresholds (GC minimum age, compaction, retention)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     # the address the HTTP export binds to (the metrics endpoint binds to metrics_host)
@@ -257,6 +260,10 @@ class PoolServer:
     def __init__(self, config: PoolServerConfig, store: ObjectStore | None = None) -> None:
         if config.max_workers < 1:
             raise InvalidArgumentError(f"max_workers must be at least 1, got {config.max_workers}")
+        if config.stream_window_bytes < 64 << 10:
+            raise InvalidArgumentError(
+                f"stream_window_bytes must be at least 64 KiB (HTTP/2's default window), got {config.stream_window_bytes}"
+            )
         if config.max_message_bytes < 1 << 20:
             raise InvalidArgumentError(f"max_message_bytes must be at least 1 MiB (chunks are ~1 MiB), got {config.max_message_bytes}")
         for a, b, port in port_clashes(config):
@@ -353,6 +360,7 @@ class PoolServer:
             options=grpc_options(self.config.max_message_bytes, self.config.max_request_bytes)
             # without it a second server binds a port another already serves, and clients alternate between the two
             + [("grpc.so_reuseport", 0)]
+            + [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", self.config.stream_window_bytes)]
             + ([("grpc.max_concurrent_streams", self.config.max_concurrent_streams)] if self.config.max_concurrent_streams else []),
         )
         try:

@@ -13,7 +13,7 @@ import pytest
 from pool.core import PoolCore
 from pool.http_export import start_http_export
 from pool.server import PoolServer, PoolServerConfig, address_problem
-from snapshot.errors import UnavailableError
+from snapshot.errors import InvalidArgumentError, UnavailableError
 from store.local import FileStore
 
 
@@ -66,3 +66,9 @@ def test_the_export_answers_503_until_the_store_is_checked_then_serves(file_stor
         assert missing.value.code == 404  # served now: job j has no checkpoint
     finally:
         export.stop()
+
+
+def test_a_stream_window_under_http2s_default_is_refused_by_name(tmp_path: Path):
+    with pytest.raises(InvalidArgumentError, match="stream_window_bytes must be at least 64 KiB"):
+        PoolServer(PoolServerConfig(store_uri=f"file://{tmp_path}", listen="127.0.0.1:0", stream_window_bytes=1024))
+    assert list(tmp_path.iterdir()) == []
