@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from client.batched_reads import ReadCoalescer
 from client.delta import MISSING as _MISSING
 from client.delta import ArrowRun, Delta, StateKey, changelog_table
 from client.delta import entry_bytes as _entry_bytes
-from client.errors import ClinkError, FencedError, InvalidArgumentError, MissingOperatorsError, NotFoundError
+from client.errors import ClinkError, FencedError, InvalidArgumentError, MissingOperatorsError, NotFoundError, UnavailableError
 from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig
 from client.warm import WarmTable, check_warm_mode, format_groups, plan_warm_up, table_of_scan
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
@@ -33,8 +34,9 @@ __all__ = ["BackendConfig", "RemoteReadBackend", "changelog_table", "ttl_expired
 _log = logging.getLogger(__name__)
 _ENTRY_OVERHEAD = 64  # rough per-entry bookkeeping bytes counted against the cache bound
 MAX_READ_BATCH_WINDOW_S = 1.0  # a read held longer to gather others is a mistake, not a batch
-# (read checkpoint, its etag, cache generation) when a read was issued: an asynchronous read is answered there
-ReadPoint = tuple["int | None", str, int]
+# (read checkpoint, its etag, cache generation, attempt) when a read was issued: an asynchronous read is answered there
+ReadPoint = tuple["int | None", str, int, int]
+_REPLACED_RETRIES = 3  # a read checkpoint replaced again while its new version is checked: asked again at most this often
 
 
 @dataclass
@@ -274,6 +276,7 @@ class RemoteReadBackend:
         self._async_batches: dict[asyncio.AbstractEventLoop, _LoopBatch] = {}
         self._read_checkpoint: int | None = None
         self._read_etag = ""  # the version of the read checkpoint this backend holds: its reads are answered from it
+        self._base: int | None = None  # the checkpoint this attempt restored from: every other read checkpoint it committed
         self._parent_id = 0
         self._operators: dict[int, str] = {}
         self._ttl_slots: set[tuple[int, str, bool]] = set()
@@ -574,7 +577,7 @@ class RemoteReadBackend:
 
     def _read_point(self) -> ReadPoint:
         """What reads issued now are answered at (lock held)."""
-        return (self._read_checkpoint, self._read_etag, self._generation)
+        return (self._read_checkpoint, self._read_etag, self._generation, self._attempt)
 
     def _fetch(self, ks: list[StateKey], recheck: bool = False, at: ReadPoint | None = None) -> list[bytes | None]:
         """Keys no local layer holds, from the pool at the read checkpoint in one MultiGet (cached unless written meanwhile).
@@ -582,7 +585,8 @@ class RemoteReadBackend:
         ``recheck``: the read checkpoint moved since the keys were looked up locally, so look again first.
         """
         with self._lock:
-            checkpoint, etag, generation = at if at is not None else self._read_point()
+            # the attempt the read was issued in: a read of an attempt a restore ended is never judged by the new one's part
+            checkpoint, etag, generation, attempt = at if at is not None else self._read_point()
             held = [self._local(k) for k in ks] if recheck else [(False, None)] * len(ks)
         ask = [i for i, (found, _) in enumerate(held) if not found]
         out = [value for _, value in held]
@@ -595,8 +599,21 @@ class RemoteReadBackend:
             if lead < NUM_KEY_GROUPS:
                 counts[lead] += 1
         op_ids = [ks[i][0] for i in ask]
-        fetched, etag = self._pool.multi_get_at(self.job, checkpoint or 0, op_ids, [ks[i][1] for i in ask], etag)
-        self._adopt(checkpoint, etag)
+        keys = [ks[i][1] for i in ask]
+        fetched, answered = self._pool.multi_get_at(self.job, checkpoint or 0, op_ids, keys, etag)
+        asked = 0
+        while checkpoint and etag and answered and answered != etag and not self._holds_version(checkpoint, answered):
+            # another version of the read checkpoint answered (compacted, or completed again): read on only when it
+            # is still this attempt's own for its range; else this backend was fenced (FencedError)
+            verified = self._check_version(checkpoint, answered, attempt)
+            if verified == answered:
+                break
+            asked += 1
+            if asked > _REPLACED_RETRIES:
+                raise UnavailableError(f"checkpoint {checkpoint} of job {self.job} kept being replaced while it was read; retry")
+            etag = verified  # replaced again meanwhile: ask again at the version just checked
+            fetched, answered = self._pool.multi_get_at(self.job, checkpoint, op_ids, keys, etag)
+        self._adopt(checkpoint, answered)
         with self._lock:
             cache_ok = generation == self._generation
             written = self._delta or self._shipping or self._pending  # else no key can be held locally: skip the look
@@ -769,6 +786,39 @@ class RemoteReadBackend:
         for run in layer.runs:  # a run's keys are not copied into the cache row by row: what it holds of them goes
             self._cache.forget_run(run)
 
+    def _holds_version(self, checkpoint: int, etag: str) -> bool:
+        """Whether this backend holds (so checked or was given) exactly this version of its read checkpoint."""
+        with self._lock:
+            return checkpoint == self._read_checkpoint and etag == self._read_etag
+
+    def _check_version(self, checkpoint: int, answered: str, attempt: int) -> str:
+        """The etag of the current version of the read checkpoint, after checking it is this attempt's for its range.
+
+        A version this backend may read has, for its key groups, the part this attempt committed (a read checkpoint it
+        committed) or only parts older than its epoch (the base it restored from). Compaction keeps every part's range
+        and epoch, and the replacement of an older attempt's version (I3) keeps the parts the writers table holds, so a
+        live backend always passes; a version made by a newer attempt whose writers fenced this one fails, and its
+        answers are never returned (FencedError). One DescribeCheckpoint, only when the answering etag changed.
+        """
+        info, doc = self._pool.describe_checkpoint(self.job, checkpoint)
+        if not info.complete or not info.manifest_etag:
+            raise NotFoundError(f"checkpoint {checkpoint} of job {self.job} is no longer complete")
+        with self._lock:
+            if attempt != self._attempt:
+                return info.manifest_etag  # a read of an attempt a restore ended: its answer serves no later read
+            (lo, hi), epoch, own = self.key_groups, self.epoch, checkpoint != self._base
+        parts = [(int(p["kg_lo"]), int(p["kg_hi"]), int(p["epoch"])) for p in json.loads(doc).get("parts", ())]
+        covering = sorted(p for p in parts if p[0] <= hi and lo <= p[1])
+        if (lo, hi, epoch) in covering if own else all(e < epoch for _, _, e in covering):
+            return info.manifest_etag
+        with self._lock:
+            self.fenced = True
+        theirs = ", ".join(f"{a}-{b} e{e}" for a, b, e in covering) or "none"
+        raise FencedError(
+            f"job {self.job}: checkpoint {checkpoint}, which this backend (key groups {lo}-{hi}, epoch {epoch}) reads, was "
+            f"replaced by another attempt's (its parts for these key groups: {theirs}); this backend was fenced and must restore"
+        )
+
     def _adopt(self, checkpoint: int | None, etag: str) -> None:
         """The pool answered from this version of the read checkpoint (compacted since, perhaps): hold that one from now."""
         with self._lock:
@@ -809,7 +859,12 @@ class RemoteReadBackend:
         if complete:
             newest = max(complete, key=lambda c: c.checkpoint_id)
             with self._lock:
-                self._release_pending(newest.checkpoint_id, newest.manifest_etag)
+                attempt = self._attempt
+            # the version listed may be a newer attempt's that re-completed the id after fencing this one: checked first
+            etag = self._check_version(newest.checkpoint_id, newest.manifest_etag, attempt) if newest.manifest_etag else ""
+            with self._lock:
+                if attempt == self._attempt:
+                    self._release_pending(newest.checkpoint_id, etag)
         return self._read_checkpoint
 
     def snapshot(self, checkpoint_id: int) -> CommitResult:
@@ -985,6 +1040,7 @@ class RemoteReadBackend:
         self._warm, self._warm_stale = None, False
         self._read_checkpoint = base
         self._read_etag = etag
+        self._base = base
         self._parent_id = base or 0
 
     # -- warm-up ------------------------------------------------------------------------------------

@@ -18,16 +18,18 @@ from tests.sim.mutants import MUTANTS
 
 # (first seed, seeds) windows holding seeds that kill each mutant today (bench/simulate.py --mutants --seeds 500 finds more)
 SIM_KILLS = {
-    "restore_keeps_its_epoch": (4, 2),
+    "restore_keeps_its_epoch": (7, 2),
     "no_restore_records": (4, 3),
     "operator_writes_folded_into_cache": (15, 2),
     "retention_forgets_restore_points": (5, 2),
     "warm_table_keeps_changed_keys": (71, 2),
-    "warm_operator_state_after_moving_on": (41, 2),
+    "warm_operator_state_after_moving_on": (354, 2),
     # the commit's caches (issue 14): each trusted without its check, a stale view in one of the pools completes wrongly
-    "writers_table_trusted_after_the_part": (12, 2),
-    "known_parts_not_confirmed": (2, 2),
+    "writers_table_trusted_after_the_part": (19, 2),
+    "known_parts_not_confirmed": (487, 2),
     "parent_reused_without_its_table": (176, 2),
+    # a reader's read checkpoint replaced by a rewound attempt: a stale cached manifest makes a live subtask's read fail
+    "manifests_cached_by_id": (4, 2),
 }
 
 

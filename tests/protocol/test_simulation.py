@@ -33,7 +33,7 @@ def test_seeds_run_clean_within_the_budget():
 
 
 def test_a_failing_seed_prints_the_command_that_replays_it():
-    done = _simulate("--start", "4", "--seeds", "3", "--mutant", "restore_keeps_its_epoch", "--steps", "400")
+    done = _simulate("--start", "7", "--seeds", "3", "--mutant", "restore_keeps_its_epoch", "--steps", "400")
     assert done.returncode == 1
     assert "FAILED seed" in done.stderr and "replay: PYTHONHASHSEED=0 python bench/simulate.py --start" in done.stderr
     replay = done.stderr.split("replay: ", 1)[1].splitlines()[0].split("python ", 1)[1].split()

@@ -23,7 +23,7 @@ from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.lifecycle import Lifecycle, LifecycleConfig
 from pool.protocol import carried_paths, own_delta
-from snapshot.errors import ClinkError, NotFoundError
+from snapshot.errors import ClinkError, FencedError, NotFoundError
 from store.checkpoint import CheckpointReader
 from store.layout import metadata_key, part_key
 from store.layout import parse_job_key as parse_job_key_uncached
@@ -70,6 +70,12 @@ def even(n: int) -> list[tuple[int, int]]:
     """N equal ranges tiling 0..127 (n a power of two)."""
     step = 128 // n
     return [(i * step, i * step + step - 1) for i in range(n)]
+
+
+def rows_of(table) -> dict[Key, bytes]:
+    """A canonical table as {(op_id, key_bytes): value_bytes}."""
+    ops, keys, values = (table.column(c).to_pylist() for c in ("op_id", "key_bytes", "value_bytes"))
+    return dict(zip(zip(ops, keys, strict=True), values, strict=True))
 
 
 def merge_same_checkpoint(deltas: list[dict[Key, bytes | None]]) -> dict[Key, bytes | None]:
@@ -159,6 +165,9 @@ class World:
         self.group_target: int | None = None  # the checkpoint a rescale or rewind in progress restores to
         self.restoring: list[Subtask] = []
         self.savepoints: dict[str, dict[Key, bytes]] = {}
+        # savepoints under way: name -> (checkpoint, every version of it current at some moment since the savepoint
+        # started, as (max epoch, model)); the savepoint may read any of them (a re-completion can replace it meanwhile)
+        self.saving: dict[str, tuple[int, list[tuple[int, dict[Key, bytes]]]]] = {}
         self.restored_jobs: dict[str, dict[Key, bytes]] = {}
         self.pinned: dict[int, int] = {}  # checkpoint -> expiry (logical ms)
         self.deleted: set[int] = set()
@@ -236,6 +245,14 @@ class World:
                     self.fenced_at.setdefault((w.kg_lo, w.kg_hi, w.epoch), seq)
         elif op == "put_if_absent" and "/parts/" in key and key.startswith(f"jobs/{JOB}/"):
             self.part_written_at.setdefault(key, seq)
+        elif op in ("compare_and_swap", "put_if_absent", "put") and key.endswith("/_metadata") and self.saving:
+            parsed = parse_job_key(key)
+            if parsed and parsed.job == JOB and parsed.kind == "metadata" and key in self._objects():
+                data, etag, _ = self._objects()[key]
+                m = self._parse(key, data, etag)
+                for cid, candidates in self.saving.values():
+                    if cid == parsed.checkpoint_id:
+                        candidates.append((m.max_epoch, self.model_of(cid, self.part_ids(m))))
 
     def fail(self, what: str) -> None:
         tail = "\n  ".join(self.actions[-25:])
@@ -445,16 +462,35 @@ class World:
                 if self.rng.random() < 0.6:
                     self.zombies.append(sub)  # the old process lives on for a while and keeps committing
 
+    def savepoint_model(self, name: str, cid: int, candidates: list[tuple[int, dict[Key, bytes]]]) -> dict[Key, bytes]:
+        """The model of the version of checkpoint ``cid`` a just-written savepoint holds, checked against the savepoint itself.
+
+        A savepoint reads ``_metadata`` once, at some moment while it runs: any version current then is right (a rewound
+        job's re-completion may replace an abandoned version of the id meanwhile, I3). Which one it took its manifest
+        says (the epoch of its one part is the version's newest epoch); its rows must be exactly that version's model.
+        """
+        key = f"savepoints/{name}/_metadata"
+        data, etag, _ = self._objects()[key]
+        epoch = self._parse(key, data, etag).max_epoch
+        models = [model for e, model in candidates if e == epoch]
+        if not models:
+            self.fail(
+                f"savepoint {name} of {cid} holds epoch {epoch}: no version of {cid} current while it ran has it {[e for e, _ in candidates]}"
+            )
+        reader, manifest, _ = Lifecycle(self.store.inner, cache=SegmentCache(1 << 20)).open_savepoint(name)
+        table = reader.read_manifest_table(manifest)
+        got = rows_of(table)
+        if got not in models:
+            diff = sorted(set(got.items()) ^ set(models[-1].items()))[:6]
+            self.fail(
+                f"savepoint {name} of {cid} (epoch {epoch}) holds {len(got)} rows, the model has {len(models[-1])}; differing: {diff}"
+            )
+        return got
+
     def verify_state(self, job: str, cid: int, model: dict[Key, bytes], manifest=None) -> None:
         core = self.checker()
         table, _ = core.scan_table(job, cid, None, [], None)
-        got = dict(
-            zip(
-                zip(table.column("op_id").to_pylist(), table.column("key_bytes").to_pylist(), strict=True),
-                table.column("value_bytes").to_pylist(),
-                strict=True,
-            )
-        )
+        got = rows_of(table)
         if got != model:
             diff = sorted(set(got.items()) ^ set(model.items()))[:6]
             self.fail(f"checkpoint {cid} of {job} scans {len(got)} rows, the model has {len(model)}; differing: {diff}")
@@ -651,6 +687,8 @@ class World:
             if actor.error is not None:
                 if not isinstance(actor.error, (ClinkError, SimCrash)):
                     self.fail(f"get_many raised {type(actor.error).__name__}: {actor.error}")
+                if isinstance(actor.error, FencedError) and self.holds(sub):
+                    self.fail(f"subtask {sub.uid}, which still holds its range, had its read refused: {actor.error}")
                 return
             self.stats["reads"] += 1
             for k, got in zip(keys, actor.result, strict=True):
@@ -781,11 +819,12 @@ class World:
             cid = self.rng.choice(sorted(versions))
             name = f"sp-{self.step_no}"
             m, _ = versions[cid]
-            model = self.model_of(cid, self.part_ids(m))
+            self.saving[name] = (cid, [(m.max_epoch, self.model_of(cid, self.part_ids(m)))])
 
             def saved(actor: Actor) -> None:
+                _, candidates = self.saving.pop(name)
                 if actor.error is None:
-                    self.savepoints[name] = model
+                    self.savepoints[name] = self.savepoint_model(name, cid, candidates)
                     self.note(f"savepoint {name} of {cid} written")
                 self._ignore_errors("savepoint")(actor)
 
