@@ -605,7 +605,7 @@ class RemoteReadBackend:
         while checkpoint and etag and answered and answered != etag and not self._holds_version(checkpoint, answered):
             # another version of the read checkpoint answered (compacted, or completed again): read on only when it
             # is still this attempt's own for its range; else this backend was fenced (FencedError)
-            verified = self._check_version(checkpoint, answered, attempt)
+            verified = self._check_version(checkpoint, attempt)
             if verified == answered:
                 break
             asked += 1
@@ -791,7 +791,7 @@ class RemoteReadBackend:
         with self._lock:
             return checkpoint == self._read_checkpoint and etag == self._read_etag
 
-    def _check_version(self, checkpoint: int, answered: str, attempt: int) -> str:
+    def _check_version(self, checkpoint: int, attempt: int) -> str:
         """The etag of the current version of the read checkpoint, after checking it is this attempt's for its range.
 
         A version this backend may read has, for its key groups, the part this attempt committed (a read checkpoint it
@@ -861,7 +861,7 @@ class RemoteReadBackend:
             with self._lock:
                 attempt = self._attempt
             # the version listed may be a newer attempt's that re-completed the id after fencing this one: checked first
-            etag = self._check_version(newest.checkpoint_id, newest.manifest_etag, attempt) if newest.manifest_etag else ""
+            etag = self._check_version(newest.checkpoint_id, attempt) if newest.manifest_etag else ""
             with self._lock:
                 if attempt == self._attempt:
                     self._release_pending(newest.checkpoint_id, etag)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterable
+from pathlib import Path
 
 import snapshot as s
 from pool.core import PoolCore
@@ -16,6 +18,15 @@ OPERATOR_PAIRS = tuple((OP_IDS[u], u) for u in OPERATORS)
 
 Row = tuple[int, int, bytes, bytes]  # (row_kind, op_id, key_bytes, value_bytes)
 Model = dict[tuple[int, bytes], bytes]
+
+# a store written by 0.2.0's code, before block indexes (tests/data/store-before-block-index/README.md)
+OLD_STORE_FIXTURE = Path(__file__).resolve().parent / "data" / "store-before-block-index"
+
+
+def old_store_expected() -> dict[int, Model]:
+    """The state of each checkpoint of the old store's job, as its expected.json records it."""
+    raw = json.loads((OLD_STORE_FIXTURE / "expected.json").read_text())
+    return {int(cid): {(op, bytes.fromhex(k)): bytes.fromhex(v) for op, k, v in rows} for cid, rows in raw.items()}
 
 
 def apply(model: Model, rows: Iterable[Row]) -> None:

@@ -36,7 +36,7 @@ from store.datafile import decode_blocks, decode_segment, encode_datafile, segme
 from store.layout import job_file_key
 from store.manifest import manifest_json, metadata_key, parse_manifest
 from store.memory import MemoryStore
-from tests.pool_core_helpers import OPERATOR_PAIRS, commit, filter_model, keyed, op_key, scan_dict
+from tests.pool_core_helpers import OLD_STORE_FIXTURE, OPERATOR_PAIRS, commit, filter_model, keyed, old_store_expected, op_key, scan_dict
 
 FULL = KeyGroupRange(0, 127)
 TINY, MID, BIG = 1024, 64 << 10, 256 << 20  # caches: every file read by block / some / none
@@ -527,11 +527,10 @@ def test_a_checkpoint_of_old_layout_and_block_files_answers_gets_on_a_tiny_cache
     import shutil
 
     from store.objects import open_store
-    from tests.store.test_store_before_block_index import FIXTURE, _expected
 
-    shutil.copytree(FIXTURE / "jobs", tmp_path / "jobs")
+    shutil.copytree(OLD_STORE_FIXTURE / "jobs", tmp_path / "jobs")
     store = open_store(tmp_path.as_uri())
-    model = dict(_expected()[5])
+    model = dict(old_store_expected()[5])
     writer = PoolCore(store, PoolConfig(segment_target_bytes=2048, block_target_bytes=256))
     epoch, _ = writer.acquire_writer("legacy", FULL, restore_from=5)
     old_keys = sorted(model)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -14,20 +13,14 @@ from pool.domain import KeyGroupRange, PoolConfig
 from pool.lifecycle import Lifecycle
 from store.manifest import metadata_key
 from store.objects import open_store
-from tests.pool_core_helpers import Model, apply, commit, random_delta, scan_dict
+from tests.pool_core_helpers import OLD_STORE_FIXTURE, apply, commit, old_store_expected, random_delta, scan_dict
 
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "store-before-block-index"
 FULL = KeyGroupRange(0, 127)
-
-
-def _expected() -> dict[int, Model]:
-    raw = json.loads((FIXTURE / "expected.json").read_text())
-    return {int(cid): {(op, bytes.fromhex(k)): bytes.fromhex(v) for op, k, v in rows} for cid, rows in raw.items()}
 
 
 @pytest.fixture
 def old_store(tmp_path):
-    shutil.copytree(FIXTURE / "jobs", tmp_path / "jobs")
+    shutil.copytree(OLD_STORE_FIXTURE / "jobs", tmp_path / "jobs")
     return open_store(tmp_path.as_uri())
 
 
@@ -41,7 +34,7 @@ def test_the_fixture_really_is_the_old_layout(old_store):
 @pytest.mark.parametrize("cache_bytes", [2048, 256 << 20], ids=["tiny-cache", "big-cache"])
 def test_old_checkpoints_scan_and_read_by_key(old_store, cache_bytes):
     core = PoolCore(old_store, PoolConfig(cache_bytes=cache_bytes, resolved_index_after=-1))
-    for cid, model in _expected().items():
+    for cid, model in old_store_expected().items():
         assert scan_dict(core, "legacy", cid) == model
         queries = sorted(model) + [(op, key + b"-absent") for op, key in sorted(model)[:30]]
         found, values, _ = core.multi_get("legacy", cid, [q[0] for q in queries], [q[1] for q in queries])
@@ -52,7 +45,7 @@ def test_old_checkpoints_scan_and_read_by_key(old_store, cache_bytes):
 
 
 def test_a_job_restored_from_an_old_checkpoint_writes_block_indexed_files_over_old_ones(old_store):
-    model = dict(_expected()[5])
+    model = dict(old_store_expected()[5])
     core = PoolCore(old_store, PoolConfig(segment_target_bytes=2048, block_target_bytes=512))
     epoch, _ = core.acquire_writer("legacy", FULL, restore_from=5)
     rng = random.Random(5)
