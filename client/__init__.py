@@ -1,6 +1,6 @@
 """The worker side of the remote-state tier: RemoteReadBackend, its pool client and typed state views."""
 
-from client.backend import BackendConfig, RemoteReadBackend, changelog_table, ttl_expired_mask
+from client.backend import BackendConfig, RemoteReadBackend, RestoredCheckpoint, changelog_table, ttl_expired_mask
 from client.errors import (
     ClinkError,
     ConflictError,
@@ -8,6 +8,7 @@ from client.errors import (
     FencedError,
     InvalidArgumentError,
     MissingOperatorsError,
+    NonRestoredStateError,
     NotFoundError,
     PermissionDeniedError,
     UnauthenticatedError,
@@ -41,6 +42,7 @@ __all__ = [
     "KeyedInt64State",
     "KeyedState",
     "MissingOperatorsError",
+    "NonRestoredStateError",
     "NotFoundError",
     "OperatorInt64State",
     "OperatorState",
@@ -49,6 +51,7 @@ __all__ = [
     "PoolClient",
     "PoolClientConfig",
     "RemoteReadBackend",
+    "RestoredCheckpoint",
     "RetryPolicy",
     "SavepointInfo",
     "TtlState",

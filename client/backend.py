@@ -22,14 +22,22 @@ from client.batched_reads import ReadCoalescer
 from client.delta import MISSING as _MISSING
 from client.delta import ArrowRun, Delta, StateKey, changelog_table
 from client.delta import entry_bytes as _entry_bytes
-from client.errors import ClinkError, FencedError, InvalidArgumentError, MissingOperatorsError, NotFoundError, UnavailableError
+from client.errors import (
+    ClinkError,
+    FencedError,
+    InvalidArgumentError,
+    MissingOperatorsError,
+    NonRestoredStateError,
+    NotFoundError,
+    UnavailableError,
+)
 from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig
 from client.warm import WarmTable, check_warm_mode, format_groups, plan_warm_up, table_of_scan
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
 from snapshot.key_index import hash_keys
 from snapshot.names import validate_job
 
-__all__ = ["BackendConfig", "RemoteReadBackend", "changelog_table", "ttl_expired_mask"]
+__all__ = ["BackendConfig", "RemoteReadBackend", "RestoredCheckpoint", "changelog_table", "ttl_expired_mask"]
 
 _log = logging.getLogger(__name__)
 _ENTRY_OVERHEAD = 64  # rough per-entry bookkeeping bytes counted against the cache bound
@@ -72,6 +80,20 @@ class BackendConfig(PoolClientConfig):
     def pool_client_config(self) -> PoolClientConfig:
         """The PoolClientConfig these settings imply."""
         return PoolClientConfig(**{f.name: getattr(self, f.name) for f in fields(PoolClientConfig)})
+
+
+@dataclass(frozen=True)
+class RestoredCheckpoint(CheckpointInfo):
+    """The checkpoint a restore pointed the backend at (its CheckpointInfo), and how the job's operators matched it.
+
+    ``declared_without_state``: uid -> op_id of operators the job declared (register_operator) that hold no state in
+    the checkpoint: new operators, or an operator whose uid changed (its old state then sits under the old uid).
+    ``non_restored``: op_id -> uid (None when unnamed) of operators holding state the job does not declare, skipped
+    by a restore with ``allow_non_restored_state=True`` (empty otherwise: such state fails the restore).
+    """
+
+    declared_without_state: dict[str, int] = field(default_factory=dict)
+    non_restored: dict[int, str | None] = field(default_factory=dict)
 
 
 def _check_range(key_groups: Sequence[int]) -> tuple[int, int]:
@@ -278,7 +300,8 @@ class RemoteReadBackend:
         self._read_etag = ""  # the version of the read checkpoint this backend holds: its reads are answered from it
         self._base: int | None = None  # the checkpoint this attempt restored from: every other read checkpoint it committed
         self._parent_id = 0
-        self._operators: dict[int, str] = {}
+        self._operators: dict[int, str] = {}  # every operator's uid known (sent with commits); "" when unnamed
+        self._declared: dict[int, str] = {}  # op_id -> uid of the operators this job declared (register_operator)
         self._ttl_slots: set[tuple[int, str, bool]] = set()
         self.state_versions = StateVersionMap()
         self.fenced = False
@@ -398,11 +421,22 @@ class RemoteReadBackend:
         return self._pool
 
     def register_operator(self, uid: str) -> int:
-        """Record an operator's uid (sent with every commit so tools can name it) and return its op_id."""
+        """Declare one of the job's operators by uid and return its op_id; the uid is sent with every commit so tools name it.
+
+        A backend with declared operators restores as Flink does from a savepoint: state of an operator it does not
+        declare fails ``restore`` (unless ``allow_non_restored_state``), and declared operators without state are reported.
+        """
         op_id = snapshot.operator_id(uid)
         with self._lock:
             self._operators[op_id] = uid
+            self._declared[op_id] = uid
         return op_id
+
+    @property
+    def declared_operators(self) -> dict[str, int]:
+        """The operators this job declared with ``register_operator``: uid -> op_id."""
+        with self._lock:
+            return {uid: op_id for op_id, uid in self._declared.items()}
 
     def register_ttl_slot(self, op_id: int, slot: str, keyed: bool = True) -> None:
         """Mark a slot as TTL: its values start with an 8-byte little-endian expire-at-ms; expired rows are not exported."""
@@ -932,7 +966,8 @@ class RemoteReadBackend:
         expected_operators: Mapping[str, int] | None = None,
         *,
         required: bool = False,
-    ) -> CheckpointInfo: ...
+        allow_non_restored_state: bool = False,
+    ) -> RestoredCheckpoint: ...
 
     @overload
     def restore(
@@ -942,7 +977,8 @@ class RemoteReadBackend:
         expected_operators: Mapping[str, int] | None = None,
         *,
         required: Literal[True],
-    ) -> CheckpointInfo: ...
+        allow_non_restored_state: bool = False,
+    ) -> RestoredCheckpoint: ...
 
     @overload
     def restore(
@@ -952,7 +988,8 @@ class RemoteReadBackend:
         expected_operators: Mapping[str, int] | None = None,
         *,
         required: bool = False,
-    ) -> CheckpointInfo | None: ...
+        allow_non_restored_state: bool = False,
+    ) -> RestoredCheckpoint | None: ...
 
     def restore(
         self,
@@ -961,7 +998,8 @@ class RemoteReadBackend:
         expected_operators: Mapping[str, int] | None = None,
         *,
         required: bool = False,
-    ) -> CheckpointInfo | None:
+        allow_non_restored_state: bool = False,
+    ) -> RestoredCheckpoint | None:
         """Point the backend at a complete checkpoint (None: the newest) and range (None: the current one); its info.
 
         A job with no complete checkpoint yet (a new job) has nothing to restore: the backend starts empty, as
@@ -971,6 +1009,15 @@ class RemoteReadBackend:
         own earlier attempt, so nothing staged before the restore completes a checkpoint). ``expected_operators``
         (uid -> op_id) is checked against the checkpoint first: any operator it lacks raises MissingOperatorsError and
         nothing changes.
+
+        Operators declared with ``register_operator`` are then matched against the operators holding state in the
+        checkpoint (by op_id; a checkpoint that did not name an operator still holds its state), as Flink restores a
+        savepoint: state of an operator the job does not declare raises NonRestoredStateError, before any epoch is taken,
+        and nothing changes; ``allow_non_restored_state=True`` restores without it (listed in the result's
+        ``non_restored``; nothing stops a read of it, and it stays in the pool's checkpoints). Declared operators with
+        no state are listed in ``declared_without_state`` (and logged as a warning), so a changed uid shows at once, not
+        as state that silently starts empty. A backend that declares no operator restores everything and checks nothing.
+        The result is a RestoredCheckpoint: the checkpoint's CheckpointInfo with these two fields.
         """
         self._check_open()
         new_range = _check_range(key_groups) if key_groups is not None else self.key_groups
@@ -999,6 +1046,19 @@ class RemoteReadBackend:
                     missing[uid] = op_id
             if missing:
                 raise MissingOperatorsError(checkpoint_id, missing)
+        with self._lock:
+            declared = dict(self._declared)
+        declared_without_state: dict[str, int] = {}
+        non_restored: dict[int, str | None] = {}
+        if declared:
+            # an op_id the checkpoint holds counts for its declared uid, named there or not (another uid: a hash collision)
+            declared_without_state = {
+                uid: op_id for uid, op_id in sorted((u, o) for o, u in declared.items()) if op_id not in info.operators
+            }
+            undeclared = {op_id: uid or None for op_id, uid in sorted(info.operators.items()) if op_id not in declared}
+            if undeclared and not allow_non_restored_state:
+                raise NonRestoredStateError(checkpoint_id, undeclared)
+            non_restored = undeclared
         # a restore is a new attempt, even for an unchanged range: the fresh epoch fences every part staged before it
         epoch = self._pool.acquire_writer(self.job, new_range, restore_from=checkpoint_id).epoch
         with self._snapshot_lock, self._lock:
@@ -1010,7 +1070,22 @@ class RemoteReadBackend:
                 self.state_versions = StateVersionMap(merged)
             if self.config.warm_up != "off":
                 self._start_warm_up(wait=self.config.warm_up == "eager", info=info)
-        return info
+        if declared_without_state:
+            _log.warning(
+                "restore of job %s from checkpoint %d: declared operator(s) %s hold no state in it (new operators, or a changed uid)",
+                self.job,
+                checkpoint_id,
+                ", ".join(f"{uid!r} (op_id {op_id})" for uid, op_id in sorted(declared_without_state.items())),
+            )
+        if non_restored:
+            _log.info(
+                "restore of job %s from checkpoint %d skipped the state of undeclared operator(s) %s",
+                self.job,
+                checkpoint_id,
+                ", ".join(f"{uid!r} (op_id {op_id})" if uid else f"op_id {op_id}" for op_id, uid in non_restored.items()),
+            )
+        base = {f.name: getattr(info, f.name) for f in fields(CheckpointInfo)}
+        return RestoredCheckpoint(**base, declared_without_state=declared_without_state, non_restored=non_restored)
 
     def start_fresh(self, key_groups: tuple[int, int] | None = None) -> None:
         """Start this subtask's state empty as a new attempt of the job (a job restarted with no checkpoint to restore).

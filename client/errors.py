@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import grpc
 
@@ -21,6 +22,7 @@ from snapshot.errors import (
     error_class_named,
     rebuilt,
 )
+from snapshot.errors import NonRestoredStateError as SharedNonRestoredStateError
 
 __all__ = [
     "ClinkError",
@@ -31,6 +33,7 @@ __all__ = [
     "LimitExceededError",
     "OverloadedError",
     "MissingOperatorsError",
+    "NonRestoredStateError",
     "NotFoundError",
     "PermissionDeniedError",
     "RETRYABLE_CODES",
@@ -49,6 +52,31 @@ class MissingOperatorsError(InvalidArgumentError):
         super().__init__(f"checkpoint {checkpoint_id} has no state for operator(s) {names}; refusing to restore")
         self.checkpoint_id = checkpoint_id
         self.missing = dict(missing)
+
+
+def _operator_name(op_id: int, uid: str | None) -> str:
+    """An operator as restore errors name it: its uid when known, and its op_id (decimal and hex)."""
+    name = repr(uid) if uid else "unnamed operator"
+    return f"{name} (op_id {op_id}, 0x{op_id:016x})"
+
+
+class NonRestoredStateError(SharedNonRestoredStateError):
+    """A restore found state for operators the job does not declare (Flink's non-restored state); nothing was changed.
+
+    ``operators``: op_id -> uid (None when the checkpoint did not name it) of every such operator.
+    """
+
+    def __init__(self, checkpoint_id: int, operators: Mapping[int, str | None]) -> None:
+        ordered = sorted(operators.items(), key=lambda item: (item[1] is None, item[1] or "", item[0]))
+        names = ", ".join(_operator_name(op_id, uid) for op_id, uid in ordered)
+        super().__init__(
+            f"checkpoint {checkpoint_id} holds state for operator(s) this job does not declare: {names}; refusing to restore, "
+            "nothing was changed. If an operator was renamed, register it under its old uid (register_operator); to restore "
+            "without that state, pass allow_non_restored_state=True",
+            dict(operators),
+        )
+        self.checkpoint_id = checkpoint_id
+        self.operators = {op_id: uid or None for op_id, uid in operators.items()}
 
 
 STATUS_TO_ERROR: dict[grpc.StatusCode, type[ClinkError]] = {

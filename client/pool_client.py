@@ -177,14 +177,14 @@ class CommitResult:
 
 @dataclass(frozen=True)
 class SavepointInfo:
-    """A savepoint the pool wrote: savepoints/<name>/ in its store, one folded base file."""
+    """A savepoint the pool wrote: savepoints/<job>/<name>/ in its store, one folded base file per part."""
 
     name: str
     checkpoint_id: int
     files: int
     bytes: int
     rows: int
-    # store URI of the savepoint folder (open it with clink.tools.stored or `clink`)
+    # the savepoint's folder relative to the pool's store (savepoints/<job>/<name>/): the store's URI is the operator's
     location: str
 
 
@@ -513,16 +513,18 @@ class PoolClient:
 
     # -- lifecycle (pool/lifecycle.py on the pool's store) -------------------------------------------
 
-    def savepoint(self, job: str, name: str, checkpoint_id: int = 0, deadline_s: float | None = None) -> SavepointInfo:
-        """Fold a checkpoint (0: newest complete) into savepoints/<name>/; ConflictError if the name is taken.
+    def savepoint(self, job: str, name: str | None = None, checkpoint_id: int = 0, deadline_s: float | None = None) -> SavepointInfo:
+        """Fold a checkpoint (0: newest complete) into savepoints/<job>/<name>/ of the pool's store; ConflictError if taken.
 
+        With no name the pool picks savepoint-<chk>-<6 hex>. A job's token writes only under its own job's folder.
         Not blindly repeated: the savepoint's manifest is put-if-absent, so a retry after UNAVAILABLE cannot overwrite
-        anything, and a conflict on such a retry is reported saying the earlier attempt may have written it.
+        anything, and a conflict on such a retry is reported saying the earlier attempt may have written it (with no
+        name, such a retry may leave a second savepoint of the same checkpoint).
         """
         job = validate_job(job)
-        name = validate_job(name, what="savepoint name")
+        name = validate_job(name, what="savepoint name") if name is not None else ""
         req = pb.SavepointRequest(job=job, checkpoint_id=checkpoint_id, name=name)
-        what = f"savepoint {name!r} of job {job} checkpoint {checkpoint_id}"
+        what = f"savepoint {name or '(named by the pool)'!r} of job {job} checkpoint {checkpoint_id}"
         attempt = 0
         while True:
             self.calls += 1

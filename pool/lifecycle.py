@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
@@ -12,10 +12,11 @@ from pool.describe import JobDescriber, manifest_summary
 from pool.gc import GarbageCollector, GcResult
 from pool.lifecycle_context import LifecycleConfig, LifecycleContext, validate_name
 from pool.pins import Pins
-from pool.restore import Restorer
+from pool.restore import Restorer, RestoreResult
 from pool.retention import Retention, RetentionResult
 from pool.savepoints import SavepointInfo, Savepoints
 from store.checkpoint import CheckpointReader
+from store.locations import StateLocation
 from store.manifest import Manifest, Part
 from store.objects import ObjectStore
 from store.segment_cache import SegmentCache
@@ -25,6 +26,7 @@ __all__ = [
     "GcResult",
     "Lifecycle",
     "LifecycleConfig",
+    "RestoreResult",
     "RetentionResult",
     "SavepointInfo",
     "manifest_summary",
@@ -72,10 +74,16 @@ class Lifecycle:
     # ---- savepoints and restore ------------------------------------------------------------------------------
 
     def savepoint(
-        self, job: str, checkpoint_id: int, name: str, target_store: ObjectStore | None = None, under_job: bool = False
+        self,
+        job: str,
+        checkpoint_id: int = 0,
+        name: str | None = None,
+        target_store: ObjectStore | None = None,
+        under_job: bool = False,
+        to: ObjectStore | None = None,
     ) -> SavepointInfo:
-        """Write savepoints/NAME/ (or savepoints/JOB/NAME/ ``under_job``) into target_store or this store; see Savepoints.savepoint."""
-        return self.savepoints.savepoint(job, checkpoint_id, name, target_store, under_job)
+        """Write a savepoint: into ``to`` (any directory), savepoints/NAME/, or savepoints/JOB/savepoint-<chk>-<hex>/; see Savepoints.savepoint."""
+        return self.savepoints.savepoint(job, checkpoint_id, name, target_store, under_job, to)
 
     def list_savepoints(self, store: ObjectStore | None = None) -> list[str]:
         """Names (NAME, or JOB/NAME for those written under a job) of every savepoint folder (complete or not), sorted."""
@@ -95,6 +103,25 @@ class Lifecycle:
         return self.restorer.restore_job(
             new_job, savepoint=savepoint, job=job, checkpoint_id=checkpoint_id, source_store=source_store, progress=progress
         )
+
+    def restore(
+        self,
+        new_job: str,
+        source: StateLocation,
+        uids: Sequence[str] | None = None,
+        allow_non_restored_state: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> RestoreResult:
+        """Create checkpoint 1 of a NEW job from an opened location, with Flink's operator rules; see Restorer.restore."""
+        return self.restorer.restore(new_job, source, uids, allow_non_restored_state, progress)
+
+    def checkpoint_location(self, job: str, checkpoint_id: int = 0, store: ObjectStore | None = None) -> StateLocation:
+        """A complete checkpoint (0: the latest) of a job of ``store`` (default: this one) opened as a location."""
+        return self.restorer.checkpoint_location(job, checkpoint_id, store or self.store)
+
+    def jobs_restored_from(self, location: str) -> list[tuple[str, int]]:
+        """(job, checkpoint) of every job of this store still holding the checkpoint a restore from ``location`` made."""
+        return self.restorer.jobs_restored_from(location)
 
     # ---- pins and retention ----------------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from pool.domain import CheckpointInfo, CommitResult, KeyGroupRange, PoolConfig
 from pool.writers import Fencing, fenced_error
 from snapshot import StateVersionMap
 from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
+from store.anatomy import operators_named_or_held
 from store.checkpoint import CheckpointListing, CheckpointReader
 from store.datafile import KIND_BASE, KIND_DELTA, DataFile, encode_datafile
 from store.layout import job_file_key, legacy_part_key, metadata_key, new_data_path, parse_job_key, part_key, parts_prefix
@@ -191,7 +192,8 @@ def info_of(job: str, m: Manifest, etag: str = "", abandoned: bool = False) -> C
         num_files=len(m.files),
         total_bytes=m.total_bytes,
         num_rows=m.total_rows,
-        operators=m.operators,
+        # every operator named or holding rows (unnamed: ""), so a restore sees state no uid was registered for
+        operators=tuple((op, uid or "") for op, uid in operators_named_or_held(m).items()),
         state_versions=m.state_versions,
         manifest_etag=etag,
         abandoned=abandoned,

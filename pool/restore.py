@@ -3,16 +3,44 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from pool.lifecycle_context import LifecycleContext
+from pool.savepoints import write_folded
 from pool.writers import first_epoch
-from snapshot.errors import ClinkError, ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
+from snapshot import StateVersionMap, operator_id
+from snapshot.errors import ClinkError, ConflictError, InvalidArgumentError, NonRestoredStateError, NotFoundError, UnavailableError
+from store.anatomy import WRITER_VERSION, operators_with_state
+from store.checkpoint import CheckpointReader
 from store.datafile import DataFile, verify_file
-from store.layout import job_file_key, job_prefix, metadata_key, new_data_path, part_key, writers_key
-from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, manifest_json
+from store.layout import (
+    JOBS,
+    checkpoint_prefix,
+    job_file_key,
+    job_prefix,
+    metadata_key,
+    new_data_path,
+    part_key,
+    savepoint_manifest_key,
+    savepoint_prefix,
+    writers_key,
+)
+from store.locations import NotAStateLocationError, StateLocation, directory_uri, open_directory
+from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, manifest_extra_fields, manifest_json
 from store.objects import ObjectStore
+from store.views import PrefixStore
 from store.writers import WriterTable
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """A restore done: the new job's checkpoint 1, its source, and how the declared operators matched the source's state."""
+
+    manifest: Manifest
+    source: str  # the source's location (a savepoint directory or a checkpoint folder URI)
+    declared_without_state: dict[str, int]  # uid -> op_id: declared, but the source holds no state for it (a renamed uid?)
+    dropped: dict[int, str | None]  # op_id -> uid: state the source held for undeclared operators, not restored
 
 
 class Restorer:
@@ -31,19 +59,73 @@ class Restorer:
         source_store: ObjectStore | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> Manifest:
-        """Create checkpoint 1 of a NEW job from a savepoint or a checkpoint: every file copied (checksum verified) into its data/.
-
-        Workers of the new job then acquire any key-group ranges and commit checkpoint 2 on top (parent 1).
-        """
-        new_job = self.context.job(new_job)
+        """Create checkpoint 1 of a NEW job from a savepoint (NAME under savepoints/) or a checkpoint; see ``restore``."""
         if (savepoint is None) == (job is None):
             raise InvalidArgumentError("restore needs exactly one source: a savepoint name or a job (and checkpoint id)")
         src_store = source_store or self.context.store
         if savepoint is not None:
-            _, manifest, folder = self.context.open_savepoint(savepoint, src_store)
+            name = self.context.savepoint_name(savepoint)
+            try:
+                source = open_directory(PrefixStore(src_store, savepoint_prefix(name)))
+            except (NotAStateLocationError, NotFoundError):
+                raise NotFoundError(f"savepoint {name!r} not found (no {savepoint_manifest_key(name)} in {src_store.uri})") from None
         else:
             assert job is not None  # exactly one source, checked above
-            _, manifest, folder = self.context.open_checkpoint(job, checkpoint_id, src_store)
+            source = self.checkpoint_location(job, checkpoint_id, src_store)
+        return self.restore(new_job, source, progress=progress).manifest
+
+    def checkpoint_location(self, job: str, checkpoint_id: int, store: ObjectStore) -> StateLocation:
+        """A complete checkpoint (0: the latest) of a job of ``store`` as a location."""
+        _, manifest, _ = self.context.open_checkpoint(job, checkpoint_id, store)
+        uri = f"{store.uri.rstrip('/')}/{checkpoint_prefix(manifest.job, manifest.checkpoint_id).rstrip('/')}"
+        return StateLocation(uri, "checkpoint", store, store, manifest.job, manifest.checkpoint_id, manifest, {})
+
+    def jobs_restored_from(self, location: str) -> list[tuple[str, int]]:
+        """(job, 1) of every job of this store whose checkpoint 1, made by a restore from ``location``, is still there.
+
+        Only information recorded at restore time is compared (restored_from.location), never used to open anything.
+        """
+        wanted = directory_uri(location)
+        found = []
+        for job in self.context.store.list_prefixes(JOBS):
+            try:
+                extra = manifest_extra_fields(self.context.store.get(metadata_key(job, 1)))
+            except NotFoundError:
+                continue
+            origin = extra.get("restored_from")
+            if isinstance(origin, dict) and isinstance(origin.get("location"), str) and directory_uri(origin["location"]) == wanted:
+                found.append((job, 1))
+        return found
+
+    def restore(
+        self,
+        new_job: str,
+        source: StateLocation,
+        uids: Sequence[str] | None = None,
+        allow_non_restored_state: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> RestoreResult:
+        """Create checkpoint 1 of a NEW job from an opened savepoint or checkpoint: every file copied (checksum verified) into its data/.
+
+        ``uids``: the operators the new job declares (Flink's rule): state of an operator it does not declare is
+        NonRestoredStateError, nothing written, unless ``allow_non_restored_state`` (that state is then dropped: the
+        other operators' rows are folded into new files); declared operators with no state are reported in the result.
+        Workers of the new job then acquire any key-group ranges and commit checkpoint 2 on top (parent 1).
+        """
+        new_job = self.context.job(new_job)
+        manifest = source.manifest
+        held = operators_with_state(manifest)
+        declared = {operator_id(uid): uid for uid in uids or ()}
+        without_state = {uid: op for op, uid in declared.items() if op not in held}
+        undeclared = {op: uid for op, uid in held.items() if op not in declared} if declared else {}
+        if undeclared and not allow_non_restored_state:
+            names = ", ".join(f"{uid!r} (op_id {op})" if uid else f"unnamed (op_id {op})" for op, uid in undeclared.items())
+            raise NonRestoredStateError(
+                f"{source.describe()} holds state for operator(s) the new job does not declare: {names}; nothing was written. "
+                "Declare them (--uid), or drop their state with --allow-non-restored-state",
+                undeclared,
+            )
+        src_store, folder = source.directory, source.files_prefix
         if next(iter(self.context.store.list(job_prefix(new_job))), None) is not None:
             raise ConflictError(
                 f"job {new_job} already exists in {self.context.store.uri}; restore only creates new jobs: give a new job name"
@@ -60,9 +142,39 @@ class Restorer:
         written: list[str] = []
         created = self.context.now_ms()
         parts: list[Part] = []
+        operators = tuple((op, uid) for op, uid in manifest.operators if op not in undeclared)
         try:
             holds = 0
-            for source_part in manifest.parts:
+            if undeclared:  # the kept operators' rows folded into new files, one per part: the dropped state is gone
+                kept = [op for op in held if op not in undeclared]
+                table = CheckpointReader(source.store, manifest.job, self.context.cache).read_manifest_table(manifest, op_ids=kept or [0])
+                if not kept:
+                    table = table.slice(0, 0)
+                target = PrefixStore(self.context.store, job_prefix(new_job))
+                folded, files, _ = write_folded(
+                    target, table, [(p.kg_lo, p.kg_hi, epoch) for p in manifest.parts], 1, StateVersionMap.unpack(manifest.state_versions)
+                )
+                for f in files:
+                    renamed[f.path] = f.path
+                    copied[f.path] = f
+                for part in folded:
+                    used = {x for layer in part.layers for x in layer}
+                    one = Manifest(
+                        PART_FORMAT,
+                        new_job,
+                        1,
+                        0,
+                        created,
+                        operators,
+                        manifest.state_versions,
+                        (part,),
+                        tuple(copied[x] for x in sorted(used)),
+                    )
+                    key = part_key(new_job, 1, part.kg_lo, part.kg_hi, epoch)
+                    self.context.store.put_if_absent(key, one.to_json())
+                    written.append(key)
+                    parts.append(part)
+            for source_part in manifest.parts if not undeclared else ():
                 # part by part: each part is written right after its files, so GC sees every copy referenced soon after it
                 # lands; a part whose copying takes long is covered meanwhile by holding parts (epochs no writer ever gets)
                 oldest: float | None = None
@@ -78,18 +190,7 @@ class Restorer:
                     oldest = self.context.clock() if oldest is None else oldest
                     # as_of shifted so the source's newest state is checkpoint 1 of the new job and its order of layers is kept
                     as_of = None if entry.as_of is None else entry.as_of - manifest.checkpoint_id + 1
-                    copied[path] = DataFile(
-                        renamed[path],
-                        entry.kind,
-                        entry.kg_lo,
-                        entry.kg_hi,
-                        entry.rows,
-                        entry.size,
-                        entry.sha256,
-                        entry.segments,
-                        as_of,
-                        entry.encoding,
-                    )
+                    copied[path] = replace(entry, path=renamed[path], as_of=as_of)
                     if progress is not None:
                         progress(len(copied), len(manifest.files))
                     if self.context.clock() - oldest > self.context.config.max_write_s:
@@ -113,7 +214,7 @@ class Restorer:
                     1,
                     0,
                     created,
-                    manifest.operators,
+                    operators,
                     manifest.state_versions,
                     (part,),
                     tuple(copied[x] for x in sorted(used)),
@@ -131,16 +232,26 @@ class Restorer:
             1,
             0,
             created,
-            manifest.operators,
+            operators,
             manifest.state_versions,
             tuple(parts),
             tuple(sorted(copied.values(), key=lambda f: f.path)),
         )
         origin = {
-            "restored_from": {"savepoint": savepoint} if savepoint else {"job": manifest.job, "checkpoint_id": manifest.checkpoint_id}
+            "restored_from": {
+                # information only (never used to open a file): where the state came from when it was restored
+                "location": source.uri,
+                "kind": source.kind,
+                "job": manifest.job,
+                "checkpoint_id": manifest.checkpoint_id,
+                **({"savepoint": source.extra["savepoint"].get("name")} if "savepoint" in source.extra else {}),
+                **({"dropped_operators": [f"0x{op:016x}" for op in sorted(undeclared)]} if undeclared else {}),
+                "restored_at_ms": created,
+                "writer": WRITER_VERSION,
+            }
         }
         self.context.store.put_if_absent(metadata_key(new_job, 1), manifest_json(restored, origin))
-        return restored
+        return RestoreResult(restored, source.uri, without_state, undeclared)
 
     def _hold(self, new_job: str, source_part: Part, epoch: int, created: int, manifest: Manifest, copied: dict[str, DataFile]) -> str:
         """A part no writer can ever hold (its epoch is below the new job's first) naming every copy so far: GC keeps them."""

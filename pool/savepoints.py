@@ -1,17 +1,23 @@
-"""Savepoints: a checkpoint folded into one self-contained base file and manifest under savepoints/, in this store or another."""
+"""Savepoints: a checkpoint folded into self-contained base files (one per part) and a _metadata, in any directory of any store."""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
 
 from pool.compaction import fold_segment_target
 from pool.lifecycle_context import LifecycleContext
-from snapshot import NUM_KEY_GROUPS
+from snapshot import NUM_KEY_GROUPS, StateVersionMap, leading_bytes
 from snapshot.errors import ConflictError, UnavailableError
+from store.anatomy import WRITER_VERSION
 from store.datafile import KIND_BASE, DataFile, encode_datafile
-from store.layout import SAVEPOINTS, job_savepoint_name, new_data_path, savepoint_file_key, savepoint_manifest_key, savepoint_of
+from store.layout import SAVEPOINT_MANIFEST, SAVEPOINTS, job_savepoint_name, new_data_path, savepoint_of, savepoint_prefix
 from store.manifest import MANIFEST_FORMAT, Manifest, Part, manifest_json
 from store.objects import ObjectStore
+from store.views import PrefixStore
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,57 @@ class SavepointInfo:
     files: int
     bytes: int
     rows: int
+    location: str = ""  # the savepoint's directory URI (what every command that takes a savepoint accepts)
+    parallelism: int = 1
+
+
+def split_by_parts(table: pa.Table, parts: list[tuple[int, int]]) -> list[pa.Table]:
+    """A canonical table in layout order cut into the keyed rows of each range (sorted, tiling 0..127); operator state goes with the first."""
+    lead = leading_bytes(table.column("key_bytes")) if table.num_rows else np.zeros(0, np.uint8)
+    keyed_end = int(np.searchsorted(lead, NUM_KEY_GROUPS, side="left"))
+    out = []
+    for i, (lo, hi) in enumerate(parts):
+        a = int(np.searchsorted(lead[:keyed_end], lo, side="left"))
+        b = int(np.searchsorted(lead[:keyed_end], hi, side="right"))
+        piece = table.slice(a, b - a)
+        if i == 0 and keyed_end < table.num_rows:  # operator state: one copy, in the first subtask's file
+            piece = pa.concat_tables([piece, table.slice(keyed_end)])
+        out.append(piece)
+    return out
+
+
+def write_folded(
+    target: ObjectStore,
+    table: pa.Table,
+    ranges: list[tuple[int, int, int]],
+    as_of: int,
+    state_versions: StateVersionMap | None = None,
+) -> tuple[list[Part], list[DataFile], int]:
+    """One folded base file per range (lo, hi, epoch) under data/ of ``target``, about one segment per key group; (parts, files, bytes).
+
+    Each subtask's key groups stay in a file of their own, so a damaged file costs only its ranges and a rescaled
+    reader fetches only the segments of its key groups.
+    """
+    parts: list[Part] = []
+    files: list[DataFile] = []
+    written = 0
+    for (lo, hi, epoch), piece in zip(ranges, split_by_parts(table, [(lo, hi) for lo, hi, _ in ranges]), strict=True):
+        if not piece.num_rows:
+            parts.append(Part(lo, hi, epoch, 0, ()))
+            continue
+        encoded = encode_datafile(
+            piece,
+            changelog=False,
+            state_versions=state_versions,
+            target_segment_bytes=fold_segment_target(piece, hi - lo + 1),
+            count_states=True,
+        )
+        path = new_data_path()
+        target.put_if_absent(path, encoded.data)
+        written += encoded.size
+        files.append(encoded.entry(path, KIND_BASE, lo, hi, as_of))
+        parts.append(Part(lo, hi, epoch, 0, ((path,),)))
+    return parts, files, written
 
 
 class Savepoints:
@@ -34,38 +91,50 @@ class Savepoints:
         self.context = context
 
     def savepoint(
-        self, job: str, checkpoint_id: int, name: str, target_store: ObjectStore | None = None, under_job: bool = False
+        self,
+        job: str,
+        checkpoint_id: int,
+        name: str | None = None,
+        target_store: ObjectStore | None = None,
+        under_job: bool = False,
+        to: ObjectStore | None = None,
     ) -> SavepointInfo:
-        """Write savepoints/NAME/ (one folded base file + _metadata, relative paths) into target_store or this store.
+        """Write a savepoint of a checkpoint (0: the latest): _metadata plus one folded base file per part, relative paths only.
 
-        ``under_job``: write savepoints/JOB/NAME/ instead, the job's own namespace (what a job's token may write through
-        the pool's RPC: no tenant can create or squat a name another job's savepoints use).
-        The layers of the checkpoint are folded into one canonical base covering 0..127 with about one segment per
-        key group, so the savepoint is self-contained, compact, and any key-group range reads only its bytes.
+        Where: ``to`` (a store rooted at any directory: the savepoint is its _metadata and data/); else savepoints/NAME/
+        of ``target_store`` or this store (savepoints/JOB/NAME/ ``under_job``: the job's own namespace, what a job's
+        token may write through the pool's RPC); with no name, savepoints/JOB/savepoint-<chk>-<6 hex>/ of this store.
+        The parts (and so the parallelism and each subtask's key groups) are the checkpoint's; each is folded into one
+        base with about one segment per key group, so the savepoint is self-contained and any range reads only its bytes.
         """
-        own = self.context.name(name)
-        name = self.context.savepoint_name(job_savepoint_name(self.context.job(job), own) if under_job else own)
-        target = target_store or self.context.store
-        if target.exists(savepoint_manifest_key(name)):
-            raise ConflictError(f"savepoint {name!r} already exists in {target.uri}; choose another name (savepoints are never replaced)")
+        job = self.context.job(job)
+        if to is not None:
+            directory, label = to, name or to.uri.rstrip("/").rsplit("/", 1)[-1]
+            taken = f"a savepoint exists already at {directory.uri}; choose another location (savepoints are never replaced)"
+        if to is None and name is not None:  # names are checked before anything is read
+            own = self.context.name(name)
+            label = self.context.savepoint_name(job_savepoint_name(job, own) if under_job else own)
         reader, manifest, _ = self.context.open_checkpoint(job, checkpoint_id)
+        if to is None:
+            if name is None:
+                label = job_savepoint_name(job, f"savepoint-{manifest.checkpoint_id}-{secrets.token_hex(3)}")
+                target_store = None
+            directory = PrefixStore(target_store or self.context.store, savepoint_prefix(label))
+            taken = f"savepoint {label!r} already exists in {(target_store or self.context.store).uri}; choose another name (savepoints are never replaced)"
+        if directory.exists(SAVEPOINT_MANIFEST):
+            raise ConflictError(taken)
         table = reader.read_manifest_table(manifest)
-        encoded = encode_datafile(table, changelog=False, target_segment_bytes=fold_segment_target(table, NUM_KEY_GROUPS))
-        path = new_data_path()
-        files: tuple[DataFile, ...] = ()
-        layers: tuple[tuple[str, ...], ...] = ()
         written_at = self.context.clock()
-        if encoded.rows:
-            target.put_if_absent(savepoint_file_key(name, path), encoded.data)
-            files = (encoded.entry(path, KIND_BASE, 0, NUM_KEY_GROUPS - 1, manifest.checkpoint_id),)
-            layers = ((path,),)
-        epoch = max(p.epoch for p in manifest.parts)
+        versions = StateVersionMap.unpack(manifest.state_versions)
+        parts, files, written = write_folded(
+            directory, table, [(p.kg_lo, p.kg_hi, p.epoch) for p in manifest.parts], manifest.checkpoint_id, versions
+        )
         if (
             self.context.clock() - written_at > self.context.config.max_write_s
         ):  # GC's minimum age protects the unpublished base only so long
             raise UnavailableError(
-                f"savepoint {name!r} took longer than {self.context.config.max_write_s:g} s between its file and its _metadata; "
-                "nothing was published (the file is left to GC), run it again"
+                f"savepoint {label!r} took longer than {self.context.config.max_write_s:g} s between its files and its _metadata; "
+                "nothing was published (the files are left to GC), run it again"
             )
         sp = Manifest(
             MANIFEST_FORMAT,
@@ -75,15 +144,28 @@ class Savepoints:
             manifest.created_at_ms,
             manifest.operators,
             manifest.state_versions,
-            (Part(0, NUM_KEY_GROUPS - 1, epoch, 0, layers),),
-            files,
+            tuple(parts),
+            tuple(files),
         )
-        extra = {"savepoint": {"name": name, "source_store": self.context.store.uri, "created_at_ms": self.context.now_ms()}}
+        extra = {
+            "savepoint": {
+                "name": label,
+                # information only, never used to open a file: a copied savepoint opens wherever it lies
+                "written_to": directory.uri,
+                "source_store": self.context.store.uri,
+                "source_job": manifest.job,
+                "source_checkpoint_id": manifest.checkpoint_id,
+                "created_at_ms": self.context.now_ms(),
+                "writer": WRITER_VERSION,
+            }
+        }
         try:
-            target.put_if_absent(savepoint_manifest_key(name), manifest_json(sp, extra))  # written last: the savepoint exists from here on
+            directory.put_if_absent(SAVEPOINT_MANIFEST, manifest_json(sp, extra))  # written last: the savepoint exists from here on
         except ConflictError:
-            raise ConflictError(f"savepoint {name!r} was created concurrently; this copy was not published") from None
-        return SavepointInfo(name, target.uri, manifest.job, manifest.checkpoint_id, len(files), len(encoded.data), encoded.rows)
+            raise ConflictError(f"a savepoint was created concurrently at {directory.uri}; this copy was not published") from None
+        return SavepointInfo(
+            label, directory.uri, manifest.job, manifest.checkpoint_id, len(files), written, table.num_rows, directory.uri, len(parts)
+        )
 
     def list_savepoints(self, store: ObjectStore | None = None) -> list[str]:
         """Names (NAME, or JOB/NAME for those written under a job) of every savepoint folder (complete or not), sorted."""

@@ -101,7 +101,7 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
 
     def Savepoint(self, request: pb.SavepointRequest, context: grpc.ServicerContext) -> pb.SavepointResponse:
         # under the job's own prefix: a job's token cannot create, squat or probe the names of another job's savepoints
-        return savepoint_info_to_pb(self.lifecycle.savepoint(request.job, request.checkpoint_id, request.name, under_job=True))
+        return savepoint_info_to_pb(self.lifecycle.savepoint(request.job, request.checkpoint_id, request.name or None, under_job=True))
 
     def PinCheckpoint(self, request: pb.PinCheckpointRequest, context: grpc.ServicerContext) -> pb.PinCheckpointResponse:
         grant = caller()  # a pin belongs to the token that made it

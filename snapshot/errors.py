@@ -128,3 +128,11 @@ def rebuilt(cls: type[ClinkError], message: str, attributes: Mapping[str, object
         if not name.startswith("_"):
             setattr(err, name, value)
     return err
+
+
+class NonRestoredStateError(InvalidArgumentError):
+    """A restore found state for operators the new job does not declare (Flink's non-restored state); nothing was changed."""
+
+    def __init__(self, message: str, operators: dict[int, str | None] | None = None) -> None:
+        super().__init__(message)
+        self.operators = dict(operators or {})

@@ -11,6 +11,7 @@ from typing import cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from snapshot import (
@@ -32,6 +33,7 @@ from snapshot.errors import (
     UnsupportedFormatVersionError,
 )
 from snapshot.key_index import binary_parts, hash_keys
+from snapshot.keys import RAW_SLOT, SEPARATOR
 from snapshot.messages import check_message
 from store.block_index import (
     BLOCKS_PER_PARTITION,
@@ -79,6 +81,26 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class StateStats:
+    """The rows of one state slot of an operator in a data file: its name, kind (keyed or operator state), rows, bytes."""
+
+    slot: str
+    kind: str  # "keyed", "operator" or "raw" (a legacy key without '|')
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class OperatorStats:
+    """The rows of one operator in a data file: rows, key plus value bytes, and per slot where they were counted (else ())."""
+
+    op_id: int
+    rows: int
+    bytes: int
+    states: tuple[StateStats, ...] = ()
+
+
+@dataclass(frozen=True)
 class DataFile:
     """A data file as its manifest entry describes it; path is relative to the job prefix."""
 
@@ -92,6 +114,8 @@ class DataFile:
     segments: tuple[Segment, ...]
     as_of: int | None = None  # the checkpoint whose state the rows are (orders operator-state layers across parts); None: legacy
     encoding: str = ENCODING_STREAMS
+    # rows and bytes per operator (and per state slot, where counted); None: a file written before manifest version 4
+    operators: tuple[OperatorStats, ...] | None = None
 
     @property
     def changelog(self) -> bool:
@@ -110,6 +134,7 @@ class EncodedFile:
     encoding: str = ENCODING_FILE
     spooled: Path | None = None  # the local file holding the bytes (removed when this object goes)
     spooled_size: int = 0
+    operators: tuple[OperatorStats, ...] = ()
 
     @property
     def size(self) -> int:
@@ -118,7 +143,7 @@ class EncodedFile:
 
     def entry(self, path: str, kind: str, kg_lo: int, kg_hi: int, as_of: int | None = None) -> DataFile:
         """The manifest entry for these bytes stored at ``path`` (as_of: the checkpoint whose state they are)."""
-        return DataFile(path, kind, kg_lo, kg_hi, self.rows, self.size, self.sha256, self.segments, as_of, self.encoding)
+        return DataFile(path, kind, kg_lo, kg_hi, self.rows, self.size, self.sha256, self.segments, as_of, self.encoding, self.operators)
 
 
 def _spans(lead: np.ndarray, row_end_bytes: np.ndarray, target: int) -> list[tuple[int, int, int, int]]:
@@ -208,6 +233,7 @@ def encode_datafile(
     target_block_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
     spool: Path | None = None,
     blocks_per_partition: int = BLOCKS_PER_PARTITION,
+    count_states: bool = False,
 ) -> EncodedFile:
     """Lay ``table`` out as one Arrow IPC file (sorted by key) of small blocks grouped in segments, and checksum it.
 
@@ -216,6 +242,8 @@ def encode_datafile(
     first keys, a bloom filter of its keys) goes in the file footer's metadata, so a point read fetches it and then
     only the block that may hold its key. The whole file opened by any Arrow reader yields every row. An empty table
     gives a valid file with zero segments. ``spool``: write the file there (a local path) instead of into memory.
+    Rows and bytes per operator are always counted (the manifest's anatomy); ``count_states`` counts them per state slot
+    too (it decodes every key: bases and savepoints pay it, a commit's delta does not).
     """
     if target_segment_bytes < 1 or target_block_bytes < 1:
         raise InvalidArgumentError(f"segment and block targets ({target_segment_bytes}, {target_block_bytes} bytes) must be positive")
@@ -226,6 +254,7 @@ def encode_datafile(
     indexes: list[tuple[bytes, int]] = []
     batches: list[pa.RecordBatch] = []
     at = _schema_prefix_bytes(writer.schema)  # where the next block starts
+    operators: tuple[OperatorStats, ...] = ()
     if n:
         whole = writer.record_batch(table)
         del table  # the batch holds the same buffers
@@ -237,6 +266,7 @@ def encode_datafile(
         if op_start < n:
             spans.append((op_start, n, 0, NUM_KEY_GROUPS - 1, True))
         ops = whole.column("op_id").to_numpy(zero_copy_only=False)
+        operators = operator_stats(ops, np.diff(row_end_bytes) - 9, keys, lead, count_states)  # key and value bytes
         for start, end, lo, hi, is_op in spans:
             starts = _block_starts(row_end_bytes, start, end, target_block_bytes)
             stops = np.append(starts[1:], end)
@@ -280,10 +310,36 @@ def encode_datafile(
                 seg.offset, seg.length, seg.rows, seg.crc32, seg.kg_lo, seg.kg_hi, seg.operator, (text_at + at_char, top, crc, total)
             )
             at_char += total
-    encoded = EncodedFile(data, n, sha, tuple(segments), spooled=spool, spooled_size=size if spool is not None else 0)
+    encoded = EncodedFile(data, n, sha, tuple(segments), spooled=spool, spooled_size=size if spool is not None else 0, operators=operators)
     if spool is not None:
         weakref.finalize(encoded, _remove, spool)  # the spool goes with the object, whatever path the caller took
     return encoded
+
+
+def operator_stats(
+    ops: np.ndarray, row_bytes: np.ndarray, keys: pa.Array, lead: np.ndarray, count_states: bool
+) -> tuple[OperatorStats, ...]:
+    """Rows and bytes per operator (sorted by op_id), and per state slot when ``count_states``, vectorised (group-bys)."""
+    columns: dict[str, object] = {"op": pa.array(ops, pa.uint64()), "b": pa.array(row_bytes, pa.int64())}
+    if count_states:
+        parts = pc.split_pattern(pc.binary_slice(keys, 1, (1 << 31) - 1), pattern=SEPARATOR, max_splits=1)
+        raw = pc.less(pc.list_value_length(parts), 2)  # no '|' after the prefix byte: a legacy raw key
+        columns["slot"] = pc.if_else(raw, pa.scalar(RAW_SLOT.encode(), pa.binary()), pc.list_element(parts, 0))
+        columns["kind"] = pc.if_else(raw, "raw", pc.if_else(pa.array(lead < NUM_KEY_GROUPS), "keyed", "operator"))
+    table = pa.table(columns)
+    per_op = table.group_by("op").aggregate([("b", "sum"), ("b", "count")]).sort_by("op").to_pydict()
+    states: dict[int, list[StateStats]] = {}
+    if count_states:
+        per_slot = table.group_by(["op", "slot", "kind"]).aggregate([("b", "sum"), ("b", "count")])
+        per_slot = per_slot.sort_by([("op", "ascending"), ("slot", "ascending"), ("kind", "ascending")]).to_pydict()
+        for op, slot, kind, b, count in zip(
+            per_slot["op"], per_slot["slot"], per_slot["kind"], per_slot["b_sum"], per_slot["b_count"], strict=True
+        ):
+            states.setdefault(op, []).append(StateStats(slot.decode("utf-8", errors="backslashreplace"), kind, count, b))
+    return tuple(
+        OperatorStats(op, count, b, tuple(states.get(op, ())))
+        for op, b, count in zip(per_op["op"], per_op["b_sum"], per_op["b_count"], strict=True)
+    )
 
 
 def _remove(path: Path) -> None:

@@ -12,7 +12,8 @@ import numpy as np
 
 from snapshot import NUM_KEY_GROUPS, StateVersionMap
 from snapshot.errors import CorruptDataError, CorruptSnapshotError, InvalidArgumentError
-from store.datafile import ENCODING_FILE, ENCODING_STREAMS, KIND_BASE, KIND_DELTA, DataFile, Segment
+from store.anatomy import anatomy
+from store.datafile import ENCODING_FILE, ENCODING_STREAMS, KIND_BASE, KIND_DELTA, DataFile, OperatorStats, Segment, StateStats
 from store.layout import DATA_DIR, checkpoint_prefix, is_data_path, job_prefix, metadata_key, part_key, writers_key
 from store.objects import validate_key
 
@@ -39,8 +40,10 @@ MANIFEST_FORMAT = "clink.checkpoint-manifest"
 PART_FORMAT = "clink.checkpoint-part"
 # 2: data files may be Arrow IPC files ("encoding"); parts are named by range and epoch.
 # 3: a segment may be several blocks with a block index in the file's footer ("index"). Versions 1 and 2 still read.
-MANIFEST_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
+# 4: files count their rows and bytes per operator and state slot ("operators"), and a complete manifest carries its
+#    anatomy (operators, parallelism, subtasks, provenance) for tools that read _metadata alone.
+MANIFEST_VERSION = 4
+_READABLE_VERSIONS = (1, 2, 3, 4)
 _U64 = (1 << 64) - 1
 
 
@@ -151,12 +154,19 @@ def _segment_dict(s: Segment) -> dict[str, Any]:
     return {**lo_hi, **index, "offset": s.offset, "length": s.length, "rows": s.rows, "crc32": s.crc32}
 
 
+def _operator_stats_dict(o: OperatorStats) -> dict[str, Any]:
+    states: dict[str, Any] = {"states": [[s.slot, s.kind, s.rows, s.bytes] for s in o.states]} if o.states else {}
+    return {"op_id": o.op_id, "rows": o.rows, "bytes": o.bytes, **states}
+
+
 def _file_dict(f: DataFile) -> dict[str, Any]:
     as_of: dict[str, Any] = {} if f.as_of is None else {"as_of": f.as_of}
     encoding: dict[str, Any] = {} if f.encoding == ENCODING_STREAMS else {"encoding": f.encoding}
+    operators: dict[str, Any] = {} if f.operators is None else {"operators": [_operator_stats_dict(o) for o in f.operators]}
     return {
         **as_of,
         **encoding,
+        **operators,
         "path": f.path,
         "kind": f.kind,
         "kg_lo": f.kg_lo,
@@ -170,8 +180,11 @@ def _file_dict(f: DataFile) -> dict[str, Any]:
 
 def _manifest_dict(m: Manifest) -> dict[str, Any]:
     retired: dict[str, Any] = {"retired": sorted(m.retired)} if m.retired else {}
+    # information for tools that read _metadata alone; derived from the rest, never read back
+    anatomy_field: dict[str, Any] = {"anatomy": anatomy(m)} if m.format == MANIFEST_FORMAT else {}
     return {
         **retired,
+        **anatomy_field,
         "format": m.format,
         "version": MANIFEST_VERSION,
         "job": m.job,
@@ -294,7 +307,25 @@ def _parse_file(p: _Parser, raw: Any, where: str) -> DataFile:
         raise p.fail(f"{where}.encoding = {encoding!r} must be {ENCODING_FILE!r} or {ENCODING_STREAMS!r}")
     if encoding != ENCODING_FILE and any(s.index is not None for s in segments):
         raise p.fail(f"{where}: only {ENCODING_FILE!r} files carry block indexes")
-    return DataFile(path, kind, lo, hi, rows, size, sha, segments, as_of, encoding)
+    operators = _parse_operator_stats(p, d, where, rows) if "operators" in d else None  # absent before version 4
+    return DataFile(path, kind, lo, hi, rows, size, sha, segments, as_of, encoding, operators)
+
+
+def _parse_operator_stats(p: _Parser, d: dict[str, Any], where: str, rows: int) -> tuple[OperatorStats, ...]:
+    out = []
+    for i, raw in enumerate(p.list_(d, "operators", where)):
+        at = f"{where}.operators[{i}]"
+        od = p.obj(raw, at)
+        states = []
+        for j, s in enumerate(p.list_(od, "states", at) if "states" in od else []):
+            ok = isinstance(s, list) and len(s) == 4 and isinstance(s[0], str) and s[1] in ("keyed", "operator", "raw")
+            if not ok or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in s[2:]):
+                raise p.fail(f"{at}.states[{j}] must be [slot, 'keyed'|'operator'|'raw', rows, bytes]")
+            states.append(StateStats(s[0], s[1], s[2], s[3]))
+        out.append(OperatorStats(p.int_(od, "op_id", at), p.int_(od, "rows", at), p.int_(od, "bytes", at), tuple(states)))
+    if sum(o.rows for o in out) != rows:
+        raise p.fail(f"{where}: operator rows add up to {sum(o.rows for o in out)}, file says {rows}")
+    return tuple(out)
 
 
 def parse_manifest(data: bytes, name: str) -> Manifest:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from snapshot.errors import NotFoundError, PermissionDeniedError
 from store.layout import SAVEPOINT_MANIFEST, SAVEPOINTS, job_prefix, metadata_key, savepoint_prefix
 from store.objects import ObjectInfo, ObjectStore
 
-__all__ = ["SAVEPOINTS", "SAVEPOINT_MANIFEST", "SavepointView", "savepoint_prefix"]
+__all__ = ["SAVEPOINTS", "SAVEPOINT_MANIFEST", "PrefixStore", "SavepointView", "savepoint_prefix"]
 
 
 class SavepointView(ObjectStore):
@@ -58,3 +59,53 @@ class SavepointView(ObjectStore):
         raise PermissionDeniedError(f"{self.uri} is opened read-only")
 
     put = put_if_absent = put_if_absent_file = compare_and_swap = delete = _read_only  # type: ignore[assignment]
+
+
+class PrefixStore(ObjectStore):
+    """A store seen from one of its folders: keys are relative to ``prefix`` (a savepoint directory inside a pool's store)."""
+
+    def __init__(self, inner: ObjectStore, prefix: str) -> None:
+        if prefix and not prefix.endswith("/"):
+            raise ValueError(f"prefix {prefix!r} must end with '/'")
+        self.inner, self.prefix = inner, prefix
+        self.uri = f"{inner.uri.rstrip('/')}/{prefix.rstrip('/')}" if prefix else inner.uri
+        self.counters = inner.counters
+        self.coalesce_gap_bytes = inner.coalesce_gap_bytes
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(self.prefix + key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.inner.get_range(self.prefix + key, start, length)
+
+    def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        return self.inner.get_ranges(self.prefix + key, ranges)
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        return self.inner.get_with_etag(self.prefix + key)
+
+    def head(self, key: str) -> ObjectInfo:
+        info = self.inner.head(self.prefix + key)
+        return ObjectInfo(key, info.size, info.last_modified_ms, info.etag)
+
+    def put(self, key: str, data: bytes) -> str:
+        return self.inner.put(self.prefix + key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        return self.inner.put_if_absent(self.prefix + key, data)
+
+    def put_if_absent_file(self, key: str, path: Path, size: int) -> str:
+        return self.inner.put_if_absent_file(self.prefix + key, path, size)
+
+    def spool_path(self) -> Path:
+        return self.inner.spool_path()
+
+    def compare_and_swap(self, key: str, data: bytes, expected_etag: str | None) -> str:
+        return self.inner.compare_and_swap(self.prefix + key, data, expected_etag)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        for info in self.inner.list(self.prefix + prefix):
+            yield ObjectInfo(info.key[len(self.prefix) :], info.size, info.last_modified_ms, info.etag)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(self.prefix + key)

@@ -51,6 +51,11 @@ def store_uri_of(ctx: click.Context, default: str | None = None) -> str:
     return uri
 
 
+def store_config_of(ctx: click.Context):
+    """The StoreConfig of the S3 options given wherever on the command line."""
+    return store_config(shared_value(ctx, "s3_endpoint_url"), shared_value(ctx, "s3_region"))
+
+
 def open_store_of(ctx: click.Context, uri: str | None = None, must_exist: bool = True):
     """The object store at ``uri`` (default: --store) with the S3 options given wherever.
 
@@ -60,8 +65,7 @@ def open_store_of(ctx: click.Context, uri: str | None = None, must_exist: bool =
     from store.layout import require_store
     from store.objects import open_store
 
-    config = store_config(shared_value(ctx, "s3_endpoint_url"), shared_value(ctx, "s3_region"))
-    store = open_store(uri or store_uri_of(ctx), config, must_exist=must_exist)
+    store = open_store(uri or store_uri_of(ctx), store_config_of(ctx), must_exist=must_exist)
     if must_exist:
         require_store(store)
     return store
@@ -92,10 +96,12 @@ def setup_logging(level: str, output: str) -> None:
 class PoolCommandLine(CommandLine):
     """The clink-pool group: serve here, the store-level commands from pool_lifecycle.py; all take the store options."""
 
-    command_modules = ("clink.cli.pool_lifecycle",)
+    command_modules = ("clink.cli.pool_lifecycle", "clink.cli.pool_import")
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:  # noqa: D102
         apply(STORE_OPTIONS)(cmd)
+        for sub in cmd.commands.values() if isinstance(cmd, click.Group) else ():  # clink-pool savepoint ls --store ...
+            apply(STORE_OPTIONS)(sub)
         super().add_command(cmd, name)
 
 

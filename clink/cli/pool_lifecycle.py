@@ -8,8 +8,9 @@ from typing import Any
 import click
 
 from clink.cli.common import DURATION, iso_utc, output_of, progress_callback
-from clink.cli.pool import open_store_of
-from snapshot.errors import InvalidArgumentError
+from clink.cli.pool import open_store_of, store_config_of
+from snapshot.errors import ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError
+from store.locations import directory_uri
 
 
 def _lifecycle(ctx: click.Context, must_exist: bool = True, **config: Any):
@@ -26,46 +27,193 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-@click.command("savepoint")
+class SavepointGroup(click.Group):
+    """`clink-pool savepoint JOB ...` is `clink-pool savepoint create JOB ...`; `ls` and `delete` are its other commands."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):  # noqa: ANN201, D102 - click's signature
+        if args and args[0] not in self.commands:
+            return "create", self.commands["create"], args
+        return super().resolve_command(ctx, args)
+
+
+@click.group("savepoint", cls=SavepointGroup)
+def savepoint_group() -> None:
+    """Take, list and delete savepoints: `savepoint JOB` takes one (`savepoint create JOB` is the same).
+
+    \b
+    A savepoint is a directory holding _metadata and data/*.arrow, relative paths only: copy it to
+    any bucket or directory, by any tool, and every command that takes a LOCATION (its directory
+    URI, or its _metadata URI) opens it there.
+      clink-pool savepoint --store s3://bkt/pool orders
+      clink-pool savepoint --store s3://bkt/pool orders -c 42 --to s3://archive/orders/release-7
+      clink-pool savepoint ls --store s3://bkt/pool
+      clink-pool savepoint delete --store s3://bkt/pool s3://bkt/pool/savepoints/orders/savepoint-42-a1b2c3
+      clink savepoint inspect s3://archive/orders/release-7
+    """
+
+
+@savepoint_group.command("create")
 @click.argument("job")
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option("--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="Checkpoint to save; 0 = latest complete.")
-@click.option("--target-store", default=None, help="Write the savepoint into another store (archival bucket, local dir). Default: --store.")
+@click.option(
+    "--to",
+    "to",
+    default=None,
+    metavar="DIR_URI",
+    help="Write the savepoint into this directory (any prefix of any file:// or s3:// store). "
+    "Default: savepoints/<job>/savepoint-<chk>-<6 hex>/ of --store (savepoints/NAME/ with NAME).",
+)
+@click.option("--target-store", default=None, hidden=True, help="Write savepoints/NAME/ into this store instead (use --to).")
 @click.pass_context
 def savepoint_cmd(
     ctx: click.Context,
     job: str,
-    name: str,
+    name: str | None,
     checkpoint: int,
+    to: str | None,
     target_store: str | None,
 ) -> None:
-    """Write savepoints/NAME/ from a checkpoint of JOB: self-contained, relocatable, one folded base file.
+    """Take a savepoint of a checkpoint of JOB: one folded base file per subtask and a _metadata holding its anatomy.
 
     \b
-    The folder holds _metadata and data/*.arrow with relative paths only: copy it to any bucket or
-    directory and `clink-pool restore --from-savepoint NAME` or `clink state-cat` reads it there.
-      clink-pool savepoint --store s3://bkt/pool orders release-7
-      clink-pool savepoint --store s3://bkt/pool orders nightly -c 42 --target-store file:///archive
+    It keeps the checkpoint's parallelism (one part, one file per subtask, about one segment per key
+    group), so any new parallelism reads only its key groups. Prints where it was written
+    (-o json: {"location": ...}).
+      clink-pool savepoint --store s3://bkt/pool orders
+      clink-pool savepoint --store s3://bkt/pool orders -c 42 --to file:///archive/orders-release-7
+      clink-pool savepoint --store s3://bkt/pool orders release-7      (savepoints/release-7/)
     """
+    if to and (name or target_store):
+        raise InvalidArgumentError("--to names the savepoint's directory: give either --to or a NAME (with --target-store)")
     life = _lifecycle(ctx)
     target = open_store_of(ctx, target_store, must_exist=False) if target_store else None  # an archive may start here
-    info = life.savepoint(job, checkpoint, name, target)
+    directory = open_store_of(ctx, directory_uri(to), must_exist=False) if to else None
+    info = life.savepoint(job, checkpoint, name, target, to=directory)
     _emit(
         ctx,
         asdict(info),
-        f"savepoint {info.name!r}: checkpoint {info.checkpoint_id} of {info.job}, {info.rows} rows, "
-        f"{info.files} file(s), {_mb(info.bytes)} in {info.store_uri}/savepoints/{info.name}",
+        f"savepoint of checkpoint {info.checkpoint_id} of {info.job} (parallelism {info.parallelism}): {info.rows} rows, "
+        f"{info.files} file(s), {_mb(info.bytes)}\nlocation: {info.location}",
     )
+
+
+@savepoint_group.command("ls")
+@click.option("--job", default=None, help="Only the savepoints of this job (as their _metadata says).")
+@click.pass_context
+def savepoint_ls_cmd(ctx: click.Context, job: str | None) -> None:
+    """The savepoints under savepoints/ of --store: location, job, checkpoint, parallelism, rows, bytes, when taken.
+
+    \b
+    A folder with data but no _metadata is a savepoint that was never published (GC removes its files).
+      clink-pool savepoint ls --store s3://bkt/pool
+      clink-pool savepoint ls --store s3://bkt/pool --job orders -o json
+    """
+    from store.layout import savepoint_prefix
+    from store.locations import NotAStateLocationError, open_directory
+    from store.views import PrefixStore
+
+    life = _lifecycle(ctx)
+    found = []
+    for name in life.list_savepoints():
+        directory = PrefixStore(life.store, savepoint_prefix(name))
+        try:
+            loc = open_directory(directory)
+        except (NotAStateLocationError, CorruptDataError, NotFoundError) as exc:
+            found.append({"name": name, "location": directory.uri, "complete": False, "problem": str(exc)})
+            continue
+        if job is not None and loc.job != job:
+            continue
+        sp = loc.extra.get("savepoint", {})
+        rows = sum(f.rows for f in loc.manifest.files)
+        found.append(
+            {
+                "name": name,
+                "location": directory.uri,
+                "complete": True,
+                "job": loc.job,
+                "checkpoint_id": loc.checkpoint_id,
+                "parallelism": len(loc.manifest.parts),
+                "rows": rows,
+                "bytes": loc.manifest.total_bytes,
+                "created_at": iso_utc(sp["created_at_ms"]) if "created_at_ms" in sp else None,
+            }
+        )
+    lines = [
+        f"{s['location']}  job {s['job']} checkpoint {s['checkpoint_id']}, parallelism {s['parallelism']}, {s['rows']} rows, "
+        f"{_mb(s['bytes'])}, taken {s['created_at'] or '?'}"
+        if s["complete"]
+        else f"{s['location']}  not a savepoint: {s['problem']}"
+        for s in found
+    ]
+    _emit(ctx, {"savepoints": found}, "\n".join(lines) or "(no savepoints in this store)")
+
+
+@savepoint_group.command("delete")
+@click.argument("location")
+@click.option("--force", is_flag=True, help="Delete even while a job of --store was restored from it and still holds that checkpoint.")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.pass_context
+def savepoint_delete_cmd(ctx: click.Context, location: str, force: bool, dry_run: bool) -> None:
+    """Delete the savepoint at LOCATION (its directory URI, its _metadata, or NAME under savepoints/ of --store).
+
+    \b
+    Refused (exit 4) while a job of --store still holds the checkpoint it was restored from this
+    savepoint as (its rollback point), unless --force. _metadata goes first, so a half-done delete
+    is never a readable savepoint; only the files its _metadata names are deleted.
+      clink-pool savepoint delete --store s3://bkt/pool s3://bkt/pool/savepoints/orders/savepoint-42-a1b2c3
+      clink-pool savepoint delete --store s3://bkt/pool release-7 --dry-run
+    """
+    from store.layout import SAVEPOINT_MANIFEST, savepoint_prefix
+    from store.locations import open_directory
+    from store.views import PrefixStore
+
+    life = _lifecycle(ctx)
+    if "://" in location or location.startswith(("/", ".")):
+        directory = open_store_of(ctx, directory_uri(location), must_exist=False)
+    else:
+        directory = PrefixStore(life.store, savepoint_prefix(life.context.savepoint_name(directory_uri(location))))
+    loc = open_directory(directory)
+    users = life.jobs_restored_from(loc.uri)
+    if users and not force:
+        raise ConflictError(
+            f"savepoint {loc.uri} is where {', '.join(f'job {j} (checkpoint {c})' for j, c in users)} was restored from and that "
+            "checkpoint is still held; delete it once retention has moved past it, or pass --force"
+        )
+    keys = [SAVEPOINT_MANIFEST, *sorted(f.path for f in loc.manifest.files)]
+    size = sum(f.size for f in loc.manifest.files)
+    if not dry_run:
+        for key in keys:  # _metadata first: from here on it is no savepoint, whatever is left
+            directory.delete(key)
+    doc = {"location": loc.uri, "deleted": [] if dry_run else keys, "would_delete": keys if dry_run else [], "bytes": size}
+    doc["restored_jobs"] = [{"job": j, "checkpoint_id": c} for j, c in users]
+    verb = "would delete" if dry_run else "deleted"
+    _emit(ctx, doc, f"{verb} savepoint {loc.uri}: {len(keys)} object(s), {_mb(size)}")
 
 
 @click.command("restore")
 @click.argument("new_job")
-@click.option("--from-savepoint", "savepoint", default=None, help="Savepoint NAME to restore from.")
+@click.option(
+    "--from",
+    "location",
+    default=None,
+    metavar="LOCATION",
+    help="A savepoint's directory URI (or its _metadata), or a checkpoint folder .../jobs/JOB/chk-N, in any store.",
+)
+@click.option("--from-savepoint", "savepoint", default=None, help="Savepoint NAME under savepoints/ of --source-store.")
 @click.option("--from-job", "source_job", default=None, help="Job whose checkpoint to restore from (with --checkpoint).")
 @click.option(
     "--checkpoint", "-c", type=click.IntRange(0), default=0, show_default=True, help="With --from-job: checkpoint id, 0 = latest."
 )
 @click.option("--source-store", default=None, help="Store holding the source (savepoint or job). Default: --store.")
+@click.option(
+    "--uid",
+    "uids",
+    multiple=True,
+    metavar="UID",
+    help="An operator the new job declares (repeat). State of any other operator in the source fails the restore (exit 2).",
+)
+@click.option("--allow-non-restored-state", is_flag=True, help="Drop the state of operators not declared with --uid instead of failing.")
 @click.option(
     "--progress/--no-progress", "show_progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal)."
 )
@@ -73,43 +221,74 @@ def savepoint_cmd(
 def restore_cmd(
     ctx: click.Context,
     new_job: str,
+    location: str | None,
     savepoint: str | None,
     source_job: str | None,
     checkpoint: int,
     source_store: str | None,
+    uids: tuple[str, ...],
+    allow_non_restored_state: bool,
     show_progress: bool | None,
 ) -> None:
-    """Create NEW_JOB's checkpoint 1 from a savepoint or another job's checkpoint (files copied, checksums verified).
+    """Create NEW_JOB's checkpoint 1 from a savepoint or a checkpoint (files copied, checksums verified).
 
     \b
-    Workers of NEW_JOB then restore with any key-group ranges (any parallelism) and commit checkpoint 2.
-      clink-pool restore --store s3://bkt/pool orders-v2 --from-savepoint release-7
-      clink-pool restore --store file:///pool orders-v2 --from-savepoint nightly --source-store file:///archive
+    Flink's rules: with --uid, state held for an operator the job does not declare fails the restore
+    (naming its uid and op_id, nothing written) unless --allow-non-restored-state drops it; declared
+    operators with no state are reported (a renamed uid shows before any state is lost). Workers of
+    NEW_JOB then restore with any key-group ranges (any parallelism) and commit checkpoint 2.
+      clink-pool restore --store s3://bkt/pool orders-v2 --from s3://archive/orders/release-7 --uid enricher --uid agg
+      clink-pool restore --store file:///pool orders-v2 --from file:///pool/savepoints/orders/savepoint-42-a1b2c3/_metadata
       clink-pool restore --store s3://bkt/pool orders-replay --from-job orders -c 40
     """
+    if sum(x is not None for x in (location, savepoint, source_job)) != 1:
+        raise InvalidArgumentError("restore needs exactly one source: --from LOCATION, --from-savepoint NAME or --from-job JOB")
+    if allow_non_restored_state and not uids:
+        raise InvalidArgumentError("--allow-non-restored-state drops the state of operators not declared with --uid: declare some")
+    from store.locations import StateLocation, open_directory, open_location
+    from store.views import PrefixStore
+
     # restoring from another store may start a new one at --store; restoring within one store needs it there
-    life = _lifecycle(ctx, must_exist=source_store is None)
-    source = open_store_of(ctx, source_store) if source_store else None
-    if not savepoint and source_job and checkpoint == 0:  # "latest" resolved first, so the report names the one restored
-        checkpoint = life.open_checkpoint(source_job, 0, source)[1].checkpoint_id
-    with progress_callback("copying data files", show_progress) as step:
-        m = life.restore_job(new_job, savepoint=savepoint, job=source_job, checkpoint_id=checkpoint, source_store=source, progress=step)
-    if savepoint:  # say whose state it is: a savepoint's name alone does not tell which job it came from
-        _, src, _ = life.open_savepoint(savepoint, source)
-        origin = f"savepoint {savepoint!r} of job {src.job} (checkpoint {src.checkpoint_id})"
-        source_job, checkpoint = src.job, src.checkpoint_id
+    life = _lifecycle(ctx, must_exist=source_store is None and location is None)
+    source: StateLocation
+    if location is not None:
+        source = open_location(location, store_config_of(ctx))
+    elif savepoint is not None:
+        from store.layout import savepoint_prefix
+
+        src_store = open_store_of(ctx, source_store) if source_store else life.store
+        name = life.context.savepoint_name(savepoint)
+        source = open_directory(PrefixStore(src_store, savepoint_prefix(name)))
     else:
-        origin = f"checkpoint {checkpoint} of {source_job}"
+        assert source_job is not None  # exactly one source, checked above
+        src_store = open_store_of(ctx, source_store) if source_store else life.store
+        source = life.checkpoint_location(source_job, checkpoint, src_store)
+    with progress_callback("copying data files", show_progress) as step:
+        res = life.restore(new_job, source, list(uids), allow_non_restored_state, progress=step)
+    m = res.manifest
+    if source.kind == "checkpoint":
+        origin = f"checkpoint {source.checkpoint_id} of {source.job}"
+    else:  # say whose state it is: a savepoint's location alone does not tell which job it came from
+        origin = f"savepoint {source.uri} of job {source.job} (checkpoint {source.checkpoint_id})"
     doc = {
         "job": m.job,
         "checkpoint_id": m.checkpoint_id,
         "files": len(m.files),
         "bytes": m.total_bytes,
+        "parallelism": len(m.parts),
         "source": origin,
-        "source_job": source_job,
-        "source_checkpoint_id": checkpoint,
+        "source_location": source.uri,
+        "source_job": source.job,
+        "source_checkpoint_id": source.checkpoint_id,
+        "declared_without_state": res.declared_without_state,
+        "dropped_operators": {f"0x{op:016x}": uid for op, uid in res.dropped.items()},
     }
-    _emit(ctx, doc, f"restored {origin} as checkpoint 1 of {m.job}: {len(m.files)} file(s), {_mb(m.total_bytes)}")
+    lines = [f"restored {origin} as checkpoint 1 of {m.job}: {len(m.files)} file(s), {_mb(m.total_bytes)}, parallelism {len(m.parts)}"]
+    for uid, op in res.declared_without_state.items():
+        lines.append(f"WARNING: operator {uid!r} (op_id 0x{op:016x}) is declared but has no state in the source: it starts empty")
+    for op, uid in res.dropped.items():
+        lines.append(f"dropped the state of operator {uid or '(no uid)'} (op_id 0x{op:016x}): not declared (--allow-non-restored-state)")
+    _emit(ctx, doc, "\n".join(lines))
 
 
 @click.command("compact")
@@ -359,4 +538,4 @@ def inspect_cmd(ctx: click.Context, job: str | None, checkpoint: int, savepoint:
     _emit(ctx, doc, "\n".join(lines))
 
 
-COMMANDS = (savepoint_cmd, restore_cmd, compact_cmd, gc_cmd, pin_cmd, unpin_cmd, ls_cmd, inspect_cmd)
+COMMANDS = (savepoint_group, restore_cmd, compact_cmd, gc_cmd, pin_cmd, unpin_cmd, ls_cmd, inspect_cmd)

@@ -138,10 +138,14 @@ def pool_auth_hint(exc: ClinkError, token_given: bool) -> str | None:
 
 
 class StateCommandLine(CommandLine):
-    """The clink group: its subcommands take the source options too."""
+    """The clink group: its subcommands take the source options too; `clink savepoint` comes from savepoint.py."""
+
+    command_modules = ("clink.cli.savepoint",)
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:  # noqa: D102
         apply(OWN_SHARED_OPTIONS.get(cmd.name or "", SOURCE_OPTIONS))(cmd)
+        for sub in cmd.commands.values() if isinstance(cmd, click.Group) else ():  # clink savepoint inspect ... --s3-endpoint-url
+            apply(SOURCE_OPTIONS)(sub)
         super().add_command(cmd, name)
 
     def explain(self, exc: ClinkError) -> str | None:

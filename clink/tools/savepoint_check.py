@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clink.tools.projections import decode_keys, key_groups_of
-from clink.tools.sources import SourceConfig, SourceRef, _is_parquet, _read_local, parse_source
+from clink.tools.sources import SourceConfig, SourceRef, _is_parquet, _read_local, parse_source, savepoint_directory_of
 from snapshot import (
     NUM_KEY_GROUPS,
     OPERATOR_STATE_PREFIX,
@@ -190,7 +190,7 @@ def check_source(
 ) -> CheckReport:
     """Run every check on SRC; problems in the data become failing findings, a source that cannot be found raises."""
     config = config or SourceConfig()
-    ref = parse_source(spec)
+    ref = savepoint_directory_of(parse_source(spec), config)
     report = CheckReport(ref.describe())
     if ref.kind in ("file", "object"):
         _check_snapshot_source(ref, config, report)

@@ -28,7 +28,7 @@ from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError,
 from snapshot.format import FORMAT_VERSION
 from snapshot.state_selectors import parse_key_groups as parse_key_group_selector
 from snapshot.state_selectors import parse_op as parse_op_selector
-from store.layout import JOBS, SAVEPOINT_MANIFEST, StateFolder, find_state_folder, parse_checkpoint_dir
+from store.layout import JOBS, SAVEPOINT_MANIFEST, SAVEPOINTS, StateFolder, find_state_folder, parse_checkpoint_dir
 from store.uris import parse_store_uri
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class SourceRef:
         if self.kind == "checkpoint":
             return f"checkpoint {self.checkpoint_id} of job {self.job}"
         if self.kind == "savepoint":
-            return f"savepoint {self.savepoint!r}"
+            return f"savepoint {self.savepoint!r}" if self.savepoint else "savepoint"
         return self.spec
 
     def describe(self) -> str:
@@ -189,16 +189,20 @@ def _parse_store_path(spec: str, root: str, parts: list[str]) -> SourceRef:
     _check_checkpoint_name(spec, parts, 2)
     found = find_state_folder(parts)
     if found is None:
-        if not parts or parts[-1] == METADATA_FILE:
-            raise InvalidArgumentError(f"{spec}: a checkpoint path ends in jobs/<job>/chk-<N> and a savepoint path in savepoints/<name>")
+        if not parts:
+            raise InvalidArgumentError(
+                f"{spec}: a checkpoint path ends in jobs/<job>/chk-<N>, a savepoint is a directory holding _metadata"
+            )
+        if parts[-1] == METADATA_FILE:  # a savepoint directory anywhere, named by its _metadata
+            return SourceRef("savepoint", spec, store_uri="/".join([root, *parts[:-1]]))
         store_uri = "/".join([root, *parts[:-1]])
         return SourceRef("object", spec, path=parts[-1], store_uri=store_uri)
     return _stored_ref(spec, "/".join([root, *parts[: found.root_parts]]), found)
 
 
 def _stored_ref(spec: str, store_uri: str, found: StateFolder) -> SourceRef:
-    if found.savepoint is not None:
-        return SourceRef("savepoint", spec, store_uri=store_uri, savepoint=found.savepoint)
+    if found.savepoint is not None:  # opened as the directory itself: a savepoint opens wherever it lies
+        return SourceRef("savepoint", spec, store_uri=f"{store_uri}/{SAVEPOINTS}{found.savepoint}", savepoint=found.savepoint)
     assert found.job is not None and found.checkpoint_id is not None
     return SourceRef("checkpoint", spec, store_uri=store_uri, job=found.job, checkpoint_id=found.checkpoint_id)
 
@@ -211,13 +215,12 @@ def _parse_local(spec: str, path: Path) -> SourceRef:
         absolute = path.resolve()
         _check_checkpoint_name(spec, list(absolute.parts), 2)
         found = find_state_folder(absolute.parts[1:])
-        if found is not None:
+        if found is not None and found.savepoint is None:
             root = Path(absolute.anchor, *absolute.parts[1 : 1 + found.root_parts])
             return _stored_ref(spec, root.as_uri(), found)
-        if path.is_dir():
-            raise InvalidArgumentError(
-                f"{spec}: a directory source must be a checkpoint (jobs/<job>/chk-<N>) or a savepoint (savepoints/<name>)"
-            )
+        if path.name == METADATA_FILE or path.is_dir() or found is not None:  # a savepoint directory, wherever it lies
+            directory = absolute.parent if path.name == METADATA_FILE else absolute
+            return SourceRef("savepoint", spec, store_uri=directory.as_uri(), savepoint=(found.savepoint or "") if found else "")
     if not path.exists():
         raise NotFoundError(f"{spec}: no such file or directory{_did_you_mean(spec)}")
     return SourceRef("file", spec, path=str(path))
@@ -342,14 +345,31 @@ def open_source_store(ref: SourceRef, config: SourceConfig):
     """The object store holding a checkpoint, savepoint or snapshot object; "no such store" when it is missing."""
     from store import open_store
 
+    if ref.kind == "savepoint":  # a directory: what is missing is said by the _metadata check (the store under it is checked)
+        if ref.savepoint:
+            from store.layout import require_store
+
+            root = ref.store_uri[: -len(f"/{SAVEPOINTS}{ref.savepoint}")]
+            require_store(open_store(root, store_config(config), must_exist=True))
+        return open_store(ref.store_uri, store_config(config))
     return open_store(ref.store_uri, store_config(config), must_exist=True)
+
+
+def savepoint_directory_of(ref: SourceRef, config: SourceConfig) -> SourceRef:
+    """An object source that names no object but a directory holding _metadata: that savepoint; any other ref as it is."""
+    if ref.kind != "object":
+        return ref
+    store = open_source_store(ref, config)
+    if not store.exists(ref.path) and store.exists(f"{ref.path}/{METADATA_FILE}"):
+        return SourceRef("savepoint", ref.spec, store_uri=f"{ref.store_uri.rstrip('/')}/{ref.path}")
+    return ref
 
 
 def load_source(spec: str, config: SourceConfig | None = None, selection: Selection | None = None) -> StateSource:
     """Resolve SRC and read it into a canonical table, selection pushed down where the source allows."""
     config = config or SourceConfig()
     selection = selection or Selection()
-    ref = parse_source(spec)
+    ref = savepoint_directory_of(parse_source(spec), config)
     if ref.kind == "file":
         data = _read_local(ref)
         if _is_parquet(data):

@@ -8,25 +8,23 @@ from clink.tools.sources import Selection, SourceConfig, SourceRef, StateSource,
 from snapshot import ClinkError, CorruptDataError, NotFoundError, StateVersionMap, UnsupportedFormatVersionError
 from snapshot.errors import ChecksumMismatchError, CorruptSnapshotError, prefixed
 from snapshot.format import FORMAT_VERSION
-from store.layout import SAVEPOINT_MANIFEST, require_store, savepoint_manifest_key, savepoint_prefix
+from store.layout import require_store
+from store.locations import open_directory
 from store.objects import ObjectStore
-from store.views import SavepointView
 
 
 def _open(ref: SourceRef, store: ObjectStore) -> tuple[ObjectStore, str, int]:
-    """(store, job, checkpoint id) to read: the checkpoint itself, or a savepoint through its view."""
+    """(store, job, checkpoint id) to read: the checkpoint itself, or a savepoint (its directory) through its view."""
     if ref.kind != "savepoint":
         assert ref.checkpoint_id is not None, ref  # a checkpoint path names its id (sources._layout)
         return store, ref.job, ref.checkpoint_id
-    from store.manifest import parse_manifest
-
-    key = savepoint_manifest_key(ref.savepoint)
     try:
-        data = store.get(key)
+        opened = open_directory(store)  # NotAStateLocationError (exit 2) for no _metadata, a future version, a damaged one
     except NotFoundError:
-        raise NotFoundError(f"{ref.what()} not found (no {SAVEPOINT_MANIFEST} at {store.uri}/{key})") from None
-    manifest = parse_manifest(data, key)
-    return SavepointView(store, savepoint_prefix(ref.savepoint), manifest.job, manifest.checkpoint_id), manifest.job, manifest.checkpoint_id
+        if not ref.savepoint:
+            raise
+        raise NotFoundError(f"{ref.what()} not found (no _metadata at {store.uri}/_metadata)") from None
+    return opened.store, opened.job, opened.checkpoint_id
 
 
 def read_stored(ref: SourceRef, store, selection: Selection) -> StateSource:
@@ -40,7 +38,8 @@ def read_stored(ref: SourceRef, store, selection: Selection) -> StateSource:
         manifest = reader.manifest(checkpoint_id)
         table = reader.read_manifest_table(manifest, selection.key_groups, list(selection.op_ids) or None)
     except NotFoundError as exc:
-        require_store(root)  # a mistyped prefix or folder is "no such store", not "checkpoint not found"
+        if ref.kind != "savepoint":  # a savepoint's store was checked when it was opened
+            require_store(root)  # a mistyped prefix or folder is "no such store", not "checkpoint not found"
         raise _named(exc, ref) from exc
     except ClinkError as exc:
         raise _named(exc, ref) from exc
@@ -77,7 +76,8 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
     from store.datafile import ENCODING_FILE, ENCODING_STREAMS, decode_segment, verify_file, verify_segment, verify_segment_index
     from store.layout import job_file_key, metadata_key
 
-    store = root = open_source_store(ref, config)
+    store = open_source_store(ref, config)
+    root = store
     try:
         store, job, checkpoint_id = _open(ref, store)
         manifest_key = metadata_key(job, checkpoint_id)
@@ -86,7 +86,8 @@ def check_stored(ref: SourceRef, config: SourceConfig, report) -> None:
         reader = CheckpointReader(store, job)
         manifest = reader.manifest(checkpoint_id)
     except NotFoundError:
-        require_store(root)  # a mistyped prefix or folder is "no such store", not "checkpoint not found"
+        if ref.kind != "savepoint":  # a savepoint's store was checked when it was opened
+            require_store(root)  # a mistyped prefix or folder is "no such store", not "checkpoint not found"
         raise
     except CorruptDataError as exc:
         report.add("manifest", FAIL, str(exc), "_metadata")

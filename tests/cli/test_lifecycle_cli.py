@@ -34,7 +34,7 @@ def job_store(tmp_path):
 def test_savepoint_restore_ls_inspect_round_trip(job_store, tmp_path):
     store, uri, models = job_store
     sp = run("savepoint", "--store", uri, "orders", "rel-1", "-c", "7", "--target-store", f"file://{tmp_path / 'archive'}", "-o", "json")
-    assert (sp["checkpoint_id"], sp["files"]) == (7, 1) and sp["rows"] == len(models[7])
+    assert (sp["checkpoint_id"], sp["files"]) == (7, 2) and sp["rows"] == len(models[7])
     archive = FileStore(tmp_path / "archive")
     assert scan_savepoint(archive, "rel-1") == models[7]
     listed = run("ls", "--store", f"file://{tmp_path / 'archive'}", "-o", "json")

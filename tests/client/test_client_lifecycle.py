@@ -42,7 +42,7 @@ def test_savepoint_scans_back_through_the_store_reader(served):
     info = client.savepoint(JOB, "sp-5", checkpoint_id=5)
     assert isinstance(info, SavepointInfo)
     # written under the job's own prefix, and located relative to the store (whose URI is the operator's, not the caller's)
-    assert (info.name, info.checkpoint_id, info.files, info.rows) == (f"{JOB}/sp-5", 5, 1, len(models[5]))
+    assert (info.name, info.checkpoint_id, info.files, info.rows) == (f"{JOB}/sp-5", 5, 2, len(models[5]))
     assert info.location == f"savepoints/{JOB}/sp-5/" and info.bytes > 0
     assert scan_savepoint(store, f"{JOB}/sp-5") == models[5]
     latest = client.savepoint(JOB, "sp-latest")  # 0: the newest complete checkpoint

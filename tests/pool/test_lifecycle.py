@@ -49,10 +49,11 @@ def test_savepoint_is_self_contained_and_restores_a_new_job_at_another_paralleli
     rng = random.Random(1)
     models = build_job(core, "orders", 8, rng)
     info = life.savepoint("orders", 6, "release-1")
-    assert (info.job, info.checkpoint_id, info.files) == ("orders", 6, 1)
+    # one folded file per part of the checkpoint (two subtasks wrote it): the parallelism it was taken at is kept
+    assert (info.job, info.checkpoint_id, info.files, info.parallelism) == ("orders", 6, 2, 2)
     assert scan_savepoint(s3_store, "release-1") == models[6]
     keys = [o.key for o in s3_store.list(savepoint_prefix("release-1"))]
-    assert "savepoints/release-1/_metadata" in keys and len(keys) == 2
+    assert "savepoints/release-1/_metadata" in keys and len(keys) == 3
     assert all(k.startswith("savepoints/release-1/data/") for k in keys if not k.endswith("/_metadata"))
     meta = parse_manifest(s3_store.get("savepoints/release-1/_metadata"), "sp")
     assert all(f.path.startswith("data/") for f in meta.files)
@@ -88,7 +89,7 @@ def test_relocated_savepoint_restores_and_scans_equal(s3_store, make_s3_store, m
     assert not list(s3_store.list("savepoints/"))
     other_bucket = make_s3_store(prefix="elsewhere")
     local = make_file_store("copied")
-    assert copy_prefix(archive, other_bucket, "savepoints/nightly/") == 2
+    assert copy_prefix(archive, other_bucket, "savepoints/nightly/") == 3
     copy_prefix(archive, local, "savepoints/nightly/")
     for where in (archive, other_bucket, local):
         assert scan_savepoint(where, "nightly") == models[5]

@@ -36,7 +36,7 @@ def test_lifecycle_rpcs(served):
     store, stub, _ = served
     models = build_job(PoolCore(store), "j", 10, random.Random(31))
     sp = stub.Savepoint(pb.SavepointRequest(job="j", checkpoint_id=7, name="rel"), timeout=30)
-    assert (sp.checkpoint_id, sp.files, sp.rows) == (7, 1, len(models[7])) and sp.location == "savepoints/j/rel/"
+    assert (sp.checkpoint_id, sp.files, sp.rows) == (7, 2, len(models[7])) and sp.location == "savepoints/j/rel/"
     assert scan_savepoint(store, "j/rel") == models[7]
     pin = stub.PinCheckpoint(pb.PinCheckpointRequest(job="j", holder="backfill", ttl_seconds=60), timeout=10)
     assert pin.checkpoint_id == 10 and pin.expires_at_ms > 0
