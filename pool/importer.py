@@ -24,6 +24,7 @@ from pool.savepoints import split_by_parts, write_folded
 from pool.writers import first_epoch
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_rows, conform, operator_id, sort_for_layout
 from snapshot.errors import ClinkError, ConflictError, InvalidArgumentError, UnavailableError
+from snapshot.keys import key_groups_of_runs
 from store.anatomy import WRITER_VERSION
 from store.datafile import DataFile
 from store.layout import job_file_key, job_prefix, metadata_key, part_key, writers_key
@@ -33,11 +34,9 @@ from store.segment_cache import SegmentCache
 from store.views import PrefixStore
 from store.writers import WriterTable
 
-__all__ = ["Importer", "import_table", "subtask_ranges", "wrong_key_group_rows"]
+__all__ = ["Importer", "subtask_ranges", "wrong_key_group_rows"]
 
 _SEP = 0x7C  # '|': splits slot from user key
-_FNV_OFFSET_BASIS = np.uint64(0xCBF29CE484222325)
-_FNV_PRIME = np.uint64(0x100000001B3)
 _U64 = (1 << 64) - 1
 _EXAMPLE_BYTES = 48  # how much of a key an error message shows
 
@@ -57,23 +56,6 @@ def _check_parallelism(parallelism: object) -> int:
             f"parallelism {parallelism!r} must be a whole number from 1 to {NUM_KEY_GROUPS} (each subtask holds at least one key group)"
         )
     return parallelism
-
-
-def _fnv_mod_key_groups(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """FNV-1a 64 mod 128 of the byte runs data[start:start+length], vectorised: one numpy step per byte position."""
-    n = len(starts)
-    order = np.argsort(-lengths, kind="stable")  # rows still hashing at byte j form a prefix of this order
-    first, length = starts[order], lengths[order]
-    h = np.full(n, _FNV_OFFSET_BASIS, dtype=np.uint64)
-    longest = int(length[0]) if n else 0
-    active = np.searchsorted(-length, -(np.arange(longest) + 1), side="right")
-    with np.errstate(over="ignore"):
-        for j in range(longest):
-            m = int(active[j])
-            h[:m] = (h[:m] ^ data[first[:m] + j].astype(np.uint64)) * _FNV_PRIME
-    out = np.empty(n, dtype=np.uint8)
-    out[order] = (h % np.uint64(NUM_KEY_GROUPS)).astype(np.uint8)
-    return out
 
 
 def _wrong_in_chunk(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -99,7 +81,7 @@ def _wrong_in_chunk(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     rows = np.flatnonzero(keyed)
     if rows.size:
         user_start = sep[rows] + 1
-        expected[rows] = _fnv_mod_key_groups(data, user_start, ends[rows] - user_start)
+        expected[rows] = key_groups_of_runs(data, user_start, ends[rows] - user_start)
         wrong[rows] = expected[rows] != lead[rows]
     return wrong, expected
 
@@ -170,6 +152,12 @@ def _checked_operators(operators: Mapping[int, str | None], table: pa.Table) -> 
 
 class Importer:
     """Creates new jobs of one store from canonical tables: checkpoint 1 folded at a chosen parallelism."""
+
+    @classmethod
+    def on_store(cls, store: ObjectStore) -> Importer:
+        """An importer into a bare store, with the lifecycle's default settings."""
+        config = LifecycleConfig()
+        return cls(LifecycleContext(store, config, time.time, SegmentCache(config.cache_bytes)))
 
     def __init__(self, context: LifecycleContext) -> None:
         self.context = context
@@ -285,21 +273,3 @@ class Importer:
                 self.context.store.delete(writers_key(new_job))
         except ClinkError:
             pass  # what is left is unreferenced: GC removes the files, and the name stays taken until deleted
-
-
-def import_table(
-    target: LifecycleContext | ObjectStore,
-    new_job: str,
-    table: pa.Table,
-    operators: Mapping[int, str | None] | None = None,
-    state_versions: StateVersionMap | None = None,
-    parallelism: int = 1,
-    provenance: Mapping[str, Any] | None = None,
-    source: str = "a table",
-    progress: Callable[[int, int], None] | None = None,
-) -> Manifest:
-    """Checkpoint 1 of a NEW job from a canonical table, into a lifecycle's store or a bare store; see Importer.import_table."""
-    if isinstance(target, ObjectStore):
-        config = LifecycleConfig()
-        target = LifecycleContext(target, config, time.time, SegmentCache(config.cache_bytes))
-    return Importer(target).import_table(new_job, table, operators, state_versions, parallelism, provenance, source, progress)

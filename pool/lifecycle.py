@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -103,17 +103,6 @@ class Lifecycle:
         return self.restorer.restore_job(
             new_job, savepoint=savepoint, job=job, checkpoint_id=checkpoint_id, source_store=source_store, progress=progress
         )
-
-    def restore(
-        self,
-        new_job: str,
-        source: StateLocation,
-        uids: Sequence[str] | None = None,
-        allow_non_restored_state: bool = False,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> RestoreResult:
-        """Create checkpoint 1 of a NEW job from an opened location, with Flink's operator rules; see Restorer.restore."""
-        return self.restorer.restore(new_job, source, uids, allow_non_restored_state, progress)
 
     def checkpoint_location(self, job: str, checkpoint_id: int = 0, store: ObjectStore | None = None) -> StateLocation:
         """A complete checkpoint (0: the latest) of a job of ``store`` (default: this one) opened as a location."""

@@ -158,21 +158,7 @@ class Restorer:
                     renamed[f.path] = f.path
                     copied[f.path] = f
                 for part in folded:
-                    used = {x for layer in part.layers for x in layer}
-                    one = Manifest(
-                        PART_FORMAT,
-                        new_job,
-                        1,
-                        0,
-                        created,
-                        operators,
-                        manifest.state_versions,
-                        (part,),
-                        tuple(copied[x] for x in sorted(used)),
-                    )
-                    key = part_key(new_job, 1, part.kg_lo, part.kg_hi, epoch)
-                    self.context.store.put_if_absent(key, one.to_json())
-                    written.append(key)
+                    written.append(self._write_part(new_job, part, created, operators, manifest.state_versions, copied))
                     parts.append(part)
             for source_part in manifest.parts if not undeclared else ():
                 # part by part: each part is written right after its files, so GC sees every copy referenced soon after it
@@ -207,21 +193,7 @@ class Restorer:
                 part = Part(
                     source_part.kg_lo, source_part.kg_hi, epoch, 0, tuple(tuple(renamed[x] for x in layer) for layer in source_part.layers)
                 )
-                used = {x for layer in source_part.layers for x in layer}
-                one = Manifest(
-                    PART_FORMAT,
-                    new_job,
-                    1,
-                    0,
-                    created,
-                    operators,
-                    manifest.state_versions,
-                    (part,),
-                    tuple(copied[x] for x in sorted(used)),
-                )
-                key = part_key(new_job, 1, part.kg_lo, part.kg_hi, epoch)
-                self.context.store.put_if_absent(key, one.to_json())
-                written.append(key)
+                written.append(self._write_part(new_job, part, created, operators, manifest.state_versions, copied))
                 parts.append(part)
         except BaseException:
             self._undo_restore(new_job, written + [job_file_key(new_job, p) for p in renamed.values()], claim)
@@ -252,6 +224,23 @@ class Restorer:
         }
         self.context.store.put_if_absent(metadata_key(new_job, 1), manifest_json(restored, origin))
         return RestoreResult(restored, source.uri, without_state, undeclared)
+
+    def _write_part(
+        self,
+        new_job: str,
+        part: Part,
+        created: int,
+        operators: tuple[tuple[int, str], ...],
+        state_versions: str,
+        copied: dict[str, DataFile],
+    ) -> str:
+        """Checkpoint 1's part file for one part of the new job (naming the copies its layers list), put-if-absent; its key."""
+        used = {x for layer in part.layers for x in layer}
+        files = tuple(sorted((f for f in copied.values() if f.path in used), key=lambda f: f.path))
+        one = Manifest(PART_FORMAT, new_job, 1, 0, created, operators, state_versions, (part,), files)
+        key = part_key(new_job, 1, part.kg_lo, part.kg_hi, part.epoch)
+        self.context.store.put_if_absent(key, one.to_json())
+        return key
 
     def _hold(self, new_job: str, source_part: Part, epoch: int, created: int, manifest: Manifest, copied: dict[str, DataFile]) -> str:
         """A part no writer can ever hold (its epoch is below the new job's first) naming every copy so far: GC keeps them."""

@@ -70,7 +70,7 @@ def read_metadata(directory: ObjectStore, key: str = SAVEPOINT_MANIFEST) -> tupl
 class StateLocation:
     """A savepoint directory or a checkpoint folder, opened: ``store`` shows it as jobs/<job>/chk-<N>/ (read it as a checkpoint)."""
 
-    uri: str  # the directory, as given (without /_metadata)
+    uri: str  # the directory's absolute URI (without /_metadata)
     kind: str  # "savepoint" or "checkpoint"
     store: ObjectStore  # savepoints: a read-only view; checkpoints: the store root they live in
     directory: ObjectStore  # what holds _metadata and data/ (savepoints) or the store root (checkpoints)
@@ -108,8 +108,9 @@ def open_location(location: str, config: StoreConfig | None = None) -> StateLoca
         folder = f"{JOBS}{found.job}/chk-{found.checkpoint_id}"
         root = open_store(uri[: -len(folder)].rstrip("/") or ".", config)  # the store the checkpoint's job lives in
         manifest, extra = read_metadata(root, metadata_key(found.job, found.checkpoint_id))
-        return StateLocation(uri, "checkpoint", root, root, found.job, found.checkpoint_id, manifest, extra)
-    return open_directory(open_store(uri, config), uri)
+        full = f"{root.uri.rstrip('/')}/{folder}"  # absolute, whatever form it was given in
+        return StateLocation(full, "checkpoint", root, root, found.job, found.checkpoint_id, manifest, extra)
+    return open_directory(open_store(uri, config))
 
 
 def in_store_directory(store: ObjectStore, prefix: str) -> ObjectStore:

@@ -6,12 +6,9 @@ import click
 
 from clink.cli.common import apply, output_of, progress_callback
 from clink.cli.pool import open_store_of
+from clink.cli.pool_lifecycle import _mb
 from clink.cli.state import POOL_OPTIONS, source_config
 from snapshot import NUM_KEY_GROUPS
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.2f} MB"
 
 
 @click.command("import")

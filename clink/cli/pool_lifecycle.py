@@ -38,7 +38,7 @@ class SavepointGroup(click.Group):
 
 @click.group("savepoint", cls=SavepointGroup)
 def savepoint_group() -> None:
-    """Take, list and delete savepoints: `savepoint JOB` takes one (`savepoint create JOB` is the same).
+    """Take, list and delete savepoints: `savepoint JOB` takes one (`savepoint create JOB` is the same, and the way for a job named ls, delete or create).
 
     \b
     A savepoint is a directory holding _metadata and data/*.arrow, relative paths only: copy it to
@@ -155,25 +155,23 @@ def savepoint_ls_cmd(ctx: click.Context, job: str | None) -> None:
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
 @click.pass_context
 def savepoint_delete_cmd(ctx: click.Context, location: str, force: bool, dry_run: bool) -> None:
-    """Delete the savepoint at LOCATION (its directory URI, its _metadata, or NAME under savepoints/ of --store).
+    """Delete the savepoint at LOCATION (its directory URI or its _metadata; `savepoint ls` prints them).
 
     \b
     Refused (exit 4) while a job of --store still holds the checkpoint it was restored from this
     savepoint as (its rollback point), unless --force. _metadata goes first, so a half-done delete
     is never a readable savepoint; only the files its _metadata names are deleted.
       clink-pool savepoint delete --store s3://bkt/pool s3://bkt/pool/savepoints/orders/savepoint-42-a1b2c3
-      clink-pool savepoint delete --store s3://bkt/pool release-7 --dry-run
+      clink-pool savepoint delete --store s3://bkt/pool s3://archive/orders/release-7 --dry-run
     """
-    from store.layout import SAVEPOINT_MANIFEST, savepoint_prefix
-    from store.locations import open_directory
-    from store.views import PrefixStore
+    from store.layout import SAVEPOINT_MANIFEST
+    from store.locations import open_location
 
     life = _lifecycle(ctx)
-    if "://" in location or location.startswith(("/", ".")):
-        directory = open_store_of(ctx, directory_uri(location), must_exist=False)
-    else:
-        directory = PrefixStore(life.store, savepoint_prefix(life.context.savepoint_name(directory_uri(location))))
-    loc = open_directory(directory)
+    loc = open_location(location, store_config_of(ctx))
+    if loc.kind != "savepoint":
+        raise InvalidArgumentError(f"{loc.uri} is a checkpoint of job {loc.job}, not a savepoint: retention and GC remove checkpoints")
+    directory = loc.directory
     users = life.jobs_restored_from(loc.uri)
     if users and not force:
         raise ConflictError(
@@ -264,7 +262,7 @@ def restore_cmd(
         src_store = open_store_of(ctx, source_store) if source_store else life.store
         source = life.checkpoint_location(source_job, checkpoint, src_store)
     with progress_callback("copying data files", show_progress) as step:
-        res = life.restore(new_job, source, list(uids), allow_non_restored_state, progress=step)
+        res = life.restorer.restore(new_job, source, list(uids), allow_non_restored_state, progress=step)
     m = res.manifest
     if source.kind == "checkpoint":
         origin = f"checkpoint {source.checkpoint_id} of {source.job}"

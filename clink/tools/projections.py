@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 
 from snapshot import NUM_KEY_GROUPS, RAW_SLOT, StateVersionMap, leading_bytes
 from snapshot.format import FORMAT_VERSION, FORMAT_VERSION_KEY, STATE_VERSIONS_KEY
+from snapshot.keys import key_groups_of_runs
 
 # rows decoded per step: bounds the temporary gather indices (8 bytes per key byte) on big tables
 DECODE_CHUNK_ROWS = 1 << 16
@@ -435,21 +436,5 @@ def query_projection(table: pa.Table) -> pa.Table:
 def key_groups_of(user_keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """FNV-1a 64 mod 128 of every user key, vectorised over rows: one numpy step per byte position, shortest keys drop out first."""
     arr = _as_binary_array(user_keys)
-    n = len(arr)
     offsets, data = _buffers(arr)
-    lengths = offsets[1:] - offsets[:-1]
-    order = np.argsort(-lengths, kind="stable")
-    starts = offsets[:-1][order]
-    sorted_len = lengths[order]
-    h = np.full(n, 0xCBF29CE484222325, dtype=np.uint64)
-    prime = np.uint64(0x100000001B3)
-    max_len = int(sorted_len[0]) if n else 0
-    # rows still active at byte j form a prefix of the length-descending order
-    active = np.searchsorted(-sorted_len, -(np.arange(max_len) + 1), side="right")
-    with np.errstate(over="ignore"):
-        for j in range(max_len):
-            m = int(active[j])
-            h[:m] = (h[:m] ^ data[starts[:m] + j].astype(np.uint64)) * prime
-    out = np.empty(n, dtype=np.uint8)
-    out[order] = (h % np.uint64(128)).astype(np.uint8)
-    return out
+    return key_groups_of_runs(data, offsets[:-1], offsets[1:] - offsets[:-1])

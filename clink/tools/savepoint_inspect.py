@@ -93,8 +93,12 @@ def inspect_text(doc: dict[str, Any]) -> str:
             f"(job {sp.get('source_job', doc['job'])}, checkpoint {sp.get('source_checkpoint_id', doc['checkpoint_id'])})"
         )
     restored = p.get("restored_from")
-    if restored:
-        lines.append(f"  restored from {restored.get('location') or restored}")
+    if isinstance(restored, dict) and restored.get("kind") == "import":
+        lines.append(f"  imported {_when(restored.get('imported_at_ms'))} from {restored.get('imported_from', '?')}")
+    elif isinstance(restored, dict):
+        lines.append(
+            f"  restored {_when(restored.get('restored_at_ms'))} from {restored.get('location') or restored.get('savepoint') or restored}"
+        )
     lines.append("operators")
     ops = [
         [

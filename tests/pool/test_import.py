@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import snapshot as s
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange
-from pool.importer import Importer, import_table, subtask_ranges, wrong_key_group_rows
+from pool.importer import Importer, subtask_ranges, wrong_key_group_rows
 from pool.lifecycle import Lifecycle
 from snapshot.errors import ConflictError, InvalidArgumentError, UnavailableError
 from store.datafile import verify_file
@@ -70,8 +70,8 @@ BIG = big_model(random.Random(7))
 
 @pytest.mark.parametrize("parallelism", [1, 3, 4, 8])
 def test_import_folds_one_file_per_subtask_and_scans_equal_the_model(store, parallelism):
-    m = import_table(
-        store, "orders", table_of(BIG, random.Random(1)), NAMED, s.StateVersionMap({(WINDOW, "sum"): 2}), parallelism, {"note": "test"}
+    m = Importer.on_store(store).import_table(
+        "orders", table_of(BIG, random.Random(1)), NAMED, s.StateVersionMap({(WINDOW, "sum"): 2}), parallelism, {"note": "test"}
     )
     assert scan_checkpoint(store, "orders", 1) == BIG
     assert (m.job, m.checkpoint_id, m.parent_id) == ("orders", 1, 0)
@@ -109,7 +109,7 @@ def test_import_folds_one_file_per_subtask_and_scans_equal_the_model(store, para
 
 
 def test_workers_of_another_parallelism_commit_on_top_of_an_import(store):
-    import_table(store, "orders", table_of(BIG), NAMED, None, 3)
+    Importer.on_store(store).import_table("orders", table_of(BIG), NAMED, None, 3)
     core = PoolCore(store)
     quarters = [KeyGroupRange(32 * i, 32 * i + 31) for i in range(4)]
     acquired = [core.acquire_writer("orders", kg) for kg in quarters]
@@ -133,7 +133,7 @@ def test_workers_of_another_parallelism_commit_on_top_of_an_import(store):
 
 
 def test_an_empty_table_makes_a_job_of_empty_state(file_store):
-    m = import_table(file_store, "fresh", s.empty_table(), {SOURCE: "source"}, None, 4)
+    m = Importer.on_store(file_store).import_table("fresh", s.empty_table(), {SOURCE: "source"}, None, 4)
     assert len(m.parts) == 4 and not m.files and all(not p.layers for p in m.parts)
     assert scan_checkpoint(file_store, "fresh", 1) == {}
     anatomy = json.loads(file_store.get(metadata_key("fresh", 1)))["anatomy"]
@@ -146,7 +146,7 @@ def test_an_empty_table_makes_a_job_of_empty_state(file_store):
 
 def test_progress_counts_the_subtasks_written(file_store):
     seen: list[tuple[int, int]] = []
-    import_table(file_store, "j", table_of(BIG), None, None, 4, progress=lambda done, total: seen.append((done, total)))
+    Importer.on_store(file_store).import_table("j", table_of(BIG), None, None, 4, progress=lambda done, total: seen.append((done, total)))
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
 
 
@@ -173,7 +173,7 @@ def _model_of(entries: list[tuple[int, str, str, bytes, bytes]]) -> Model:
 @given(model=st.lists(_entry, max_size=80).map(_model_of), parallelism=st.integers(1, 128), seed=st.integers(0, 2**16))
 def test_property_import_then_scan_equals_the_model(model, parallelism, seed):
     store = MemoryStore("import")
-    m = import_table(store, "p", table_of(model, random.Random(seed)), None, None, parallelism)
+    m = Importer.on_store(store).import_table("p", table_of(model, random.Random(seed)), None, None, parallelism)
     assert scan_checkpoint(store, "p", 1) == model
     assert [(p.kg_lo, p.kg_hi) for p in sorted(m.parts, key=lambda p: p.kg_lo)] == subtask_ranges(parallelism)
     assert sum(f.rows for f in m.files) == len(model)
@@ -253,19 +253,19 @@ REFUSALS = {
 
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_refused_imports_change_nothing(store, case):
-    import_table(store, "orders", table_of(BIG), NAMED, None, 2)
+    Importer.on_store(store).import_table("orders", table_of(BIG), NAMED, None, 2)
     before = listing(store)
     make, error, text = REFUSALS[case]
     job, table, operators, parallelism = make()
     with pytest.raises(error, match=None) as info:
-        import_table(store, job, table, operators, None, parallelism)
+        Importer.on_store(store).import_table(job, table, operators, None, parallelism)
     assert text in str(info.value), str(info.value)
     assert listing(store) == before
 
 
 def test_a_wrong_key_group_is_refused_naming_an_example(file_store):
     with pytest.raises(InvalidArgumentError) as info:
-        import_table(file_store, "new", _bad_key_group_table(), None, None, 4)
+        Importer.on_store(file_store).import_table("new", _bad_key_group_table(), None, None, 4)
     message = str(info.value)
     key = s.encode_keyed_key("v", b"misplaced")
     assert f"key_bytes 0x{bytes([(key[0] + 5) % 128]).hex()}" in message and f"its key group is {key[0]}" in message
@@ -278,7 +278,7 @@ def test_a_job_of_the_pool_is_never_replaced(file_store):
     epoch, _ = core.acquire_writer("live", KeyGroupRange(0, 127))
     before = listing(file_store)
     with pytest.raises(ConflictError, match="give a new job name"):
-        import_table(file_store, "live", table_of(BIG), None, None, 1)
+        Importer.on_store(file_store).import_table("live", table_of(BIG), None, None, 1)
     assert listing(file_store) == before
 
 
@@ -287,13 +287,13 @@ def test_of_two_concurrent_imports_into_one_name_one_writes_nothing(file_store):
     # the other import claims the name between our check and our claim
     hooked.on("put_if_absent", "writers", lambda: file_store.put_if_absent(writers_key("j"), b'{"other": true}'))
     with pytest.raises(ConflictError, match="created concurrently .* this import wrote nothing"):
-        import_table(hooked, "j", table_of(BIG), None, None, 4)
+        Importer.on_store(hooked).import_table("j", table_of(BIG), None, None, 4)
     assert [o.key for o in file_store.list("")] == [writers_key("j")]
 
 
 @pytest.mark.parametrize("where", ["data/", "parts/", "_metadata"])
 def test_a_failure_after_the_claim_removes_everything_written(file_store, where):
-    import_table(file_store, "other", table_of(BIG), None, None, 1)
+    Importer.on_store(file_store).import_table("other", table_of(BIG), None, None, 1)
     before = listing(file_store)
     hooked = HookStore(file_store)
 
@@ -303,9 +303,9 @@ def test_a_failure_after_the_claim_removes_everything_written(file_store, where)
     # the third file or part, or the _metadata: some of the import is written by then
     hooked.on("put_if_absent", lambda key, w=where: key.startswith("jobs/j/") and w in key, fail, skip=0 if where == "_metadata" else 2)
     with pytest.raises(UnavailableError, match="went away"):
-        import_table(hooked, "j", table_of(BIG), None, None, 4)
+        Importer.on_store(hooked).import_table("j", table_of(BIG), None, None, 4)
     assert listing(file_store) == before
-    import_table(file_store, "j", table_of(BIG), None, None, 4)  # the name is free again
+    Importer.on_store(file_store).import_table("j", table_of(BIG), None, None, 4)  # the name is free again
     assert scan_checkpoint(file_store, "j", 1) == BIG
 
 
@@ -316,7 +316,7 @@ def test_a_metadata_put_whose_answer_was_lost_still_completes(file_store):
         raise UnavailableError("timed out reading the answer")
 
     hooked.on("put_if_absent", "chk-1/_metadata", lost, when="after")
-    import_table(hooked, "j", table_of(BIG), None, None, 2)
+    Importer.on_store(hooked).import_table("j", table_of(BIG), None, None, 2)
     assert scan_checkpoint(file_store, "j", 1) == BIG
 
 
@@ -325,6 +325,6 @@ def test_refuse_existing_checks_the_name_first(file_store):
     assert importer.refuse_existing("fresh") == "fresh"
     with pytest.raises(InvalidArgumentError):
         importer.refuse_existing("a/b/c")
-    import_table(file_store, "fresh", s.empty_table(), None, None, 1)
+    Importer.on_store(file_store).import_table("fresh", s.empty_table(), None, None, 1)
     with pytest.raises(ConflictError, match="import only creates new jobs"):
         importer.refuse_existing("fresh")

@@ -120,6 +120,7 @@ def blocks() -> dict[str, tuple[str, str]]:
         "worker": "python",
         "bulk": "python",
         "s3": "bash",
+        "savepoints": "bash",
     }
     for tool in ("clink", "clink-pool", "python"):
         assert (BIN / tool).exists(), f"{tool} is not installed next to {sys.executable}: run the README's first command"
@@ -192,3 +193,25 @@ def test_the_s3_section_runs_against_moto(blocks, tmp_path, moto_endpoint: str) 
     assert re.search(r"^\s+1 complete\b", out, re.M), out
     assert "checkpoint 1 of job orders" in out and re.search(r"\bbe\b.*\b2\b", out), out
     assert not (tmp_path / "pool-data").exists()  # everything went to the bucket
+
+
+def test_the_savepoints_section_runs_and_prints_what_it_shows(blocks, tmp_path) -> None:
+    done = _shell(PRELUDE + "\n".join(commands(blocks["savepoints"][1])), tmp_path, user_env(), timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    shown = README_SHOWN_INSPECT.search((REPO / "README.md").read_text())
+    assert shown is not None
+    for line in shown.group(1).splitlines():  # the operators and subtasks the README shows are what inspect prints
+        if line.startswith("  ") and not line.lstrip().startswith(("data/", "…", "taken", "checkpoint")):
+            assert line in out.splitlines(), (line, out)
+    assert "checkpoint 3 of job word-count-demo, parallelism 4 (max parallelism 128)" in out
+    assert "PASS" in out and "restored savepoint" in out and "as checkpoint 1 of wc-v2" in out
+    assert "imported savepoint" in out and "parallelism 8 (max parallelism 128)" in out
+    assert re.search(r"^\s+7\s+112-127\s", out, re.M), out  # the eighth subtask of the imported job
+    assert re.search(r"savepoints/word-count-demo/savepoint-4-[0-9a-f]{6}", out), out
+    assert "deleted savepoint" in out and not (tmp_path / "demo" / "archive" / "wc-release-1" / "_metadata").exists()
+    assert (tmp_path / "demo" / "pool-data" / "jobs" / "wc-v2" / "chk-1" / "_metadata").is_file()
+
+
+# the inspect output the README's Savepoints section shows, from its operators line to its files line
+README_SHOWN_INSPECT = re.compile(r"^```\nsavepoint file:///…/demo/archive/wc-release-1\n(.*?)^```", re.M | re.S)
