@@ -17,10 +17,11 @@ from store.layout import (
     savepoint_prefix,
     split_job_savepoint_name,
 )
-from store.manifest import Manifest, parse_manifest
+from store.locations import NotAStateLocationError, StateLocation, open_directory
+from store.manifest import Manifest
 from store.objects import ObjectStore
 from store.segment_cache import SegmentCache
-from store.views import SavepointView
+from store.views import PrefixStore
 
 
 @dataclass(frozen=True)
@@ -114,15 +115,16 @@ class LifecycleContext:
             raise InvalidArgumentError(f"checkpoint id {checkpoint_id!r} must be a non-negative integer")
         return reader, reader.manifest(checkpoint_id), job_prefix(job)
 
-    def open_savepoint(self, name: str, store: ObjectStore | None = None) -> tuple[CheckpointReader, Manifest, str]:
-        """(reader, manifest, folder) of a savepoint (NAME or JOB/NAME), read through a read-only view of its folder."""
+    def savepoint_location(self, name: str, store: ObjectStore | None = None) -> StateLocation:
+        """savepoints/NAME/ (or JOB/NAME) of a store opened as a location, checked as any location is; NotFoundError naming it."""
         store = store or self.store
         name = self.savepoint_name(name)
-        base, key = savepoint_prefix(name), savepoint_manifest_key(name)
         try:
-            data = store.get(key)
-        except NotFoundError:
-            raise NotFoundError(f"savepoint {name!r} not found (no {key} in {store.uri})") from None
-        manifest = parse_manifest(data, key)
-        reader = CheckpointReader(SavepointView(store, base, manifest.job, manifest.checkpoint_id), manifest.job, self.cache)
-        return reader, manifest, base
+            return open_directory(PrefixStore(store, savepoint_prefix(name)))
+        except (NotAStateLocationError, NotFoundError):
+            raise NotFoundError(f"savepoint {name!r} not found (no {savepoint_manifest_key(name)} in {store.uri})") from None
+
+    def open_savepoint(self, name: str, store: ObjectStore | None = None) -> tuple[CheckpointReader, Manifest, str]:
+        """(reader, manifest, folder) of a savepoint (NAME or JOB/NAME), read through a read-only view of its folder."""
+        loc = self.savepoint_location(name, store)
+        return CheckpointReader(loc.store, loc.job, self.cache), loc.manifest, savepoint_prefix(self.savepoint_name(name))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pool.lifecycle_context import LifecycleContext
 from pool.savepoints import write_folded
 from pool.writers import first_epoch
-from snapshot import StateVersionMap, operator_id
+from snapshot import StateVersionMap, empty_table, operator_id
 from snapshot.errors import ClinkError, ConflictError, InvalidArgumentError, NonRestoredStateError, NotFoundError, UnavailableError
 from store.anatomy import WRITER_VERSION, operators_with_state
 from store.checkpoint import CheckpointReader
@@ -22,11 +22,9 @@ from store.layout import (
     metadata_key,
     new_data_path,
     part_key,
-    savepoint_manifest_key,
-    savepoint_prefix,
     writers_key,
 )
-from store.locations import NotAStateLocationError, StateLocation, directory_uri, open_directory
+from store.locations import StateLocation, directory_uri
 from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, manifest_extra_fields, manifest_json
 from store.objects import ObjectStore
 from store.views import PrefixStore
@@ -64,11 +62,7 @@ class Restorer:
             raise InvalidArgumentError("restore needs exactly one source: a savepoint name or a job (and checkpoint id)")
         src_store = source_store or self.context.store
         if savepoint is not None:
-            name = self.context.savepoint_name(savepoint)
-            try:
-                source = open_directory(PrefixStore(src_store, savepoint_prefix(name)))
-            except (NotAStateLocationError, NotFoundError):
-                raise NotFoundError(f"savepoint {name!r} not found (no {savepoint_manifest_key(name)} in {src_store.uri})") from None
+            source = self.context.savepoint_location(savepoint, src_store)
         else:
             assert job is not None  # exactly one source, checked above
             source = self.checkpoint_location(job, checkpoint_id, src_store)
@@ -147,9 +141,8 @@ class Restorer:
             holds = 0
             if undeclared:  # the kept operators' rows folded into new files, one per part: the dropped state is gone
                 kept = [op for op in held if op not in undeclared]
-                table = CheckpointReader(source.store, manifest.job, self.context.cache).read_manifest_table(manifest, op_ids=kept or [0])
-                if not kept:
-                    table = table.slice(0, 0)
+                reader = CheckpointReader(source.store, manifest.job, self.context.cache)
+                table = reader.read_manifest_table(manifest, op_ids=kept) if kept else empty_table()
                 target = PrefixStore(self.context.store, job_prefix(new_job))
                 folded, files, _ = write_folded(
                     target, table, [(p.kg_lo, p.kg_hi, epoch) for p in manifest.parts], 1, StateVersionMap.unpack(manifest.state_versions)

@@ -137,9 +137,8 @@ def operators_named_or_held(m: Manifest) -> dict[int, str | None]:
 
 
 def operators_with_state(m: Manifest) -> dict[int, str | None]:
-    """op_id -> uid (None: unnamed) of every operator the manifest names or holds rows of (the set a safe restore checks)."""
-    uids = {op: uid for op, uid in m.operators}
-    held = {o.op_id for f in m.files for o in (f.operators or ()) if o.rows}
+    """op_id -> uid (None: unnamed) of the operators holding rows (the set a safe restore checks); named ones too for older files."""
     if all(f.operators is not None for f in m.files):  # counted: exactly the operators with rows
-        return {op: uids.get(op) or None for op in sorted(held)}
-    return {op: uids.get(op) or None for op in sorted(set(uids) | held)}  # older files: the names recorded, and what is known
+        uids = {op: uid for op, uid in m.operators}
+        return {op: uids.get(op) or None for op in sorted({o.op_id for f in m.files for o in f.operators or () if o.rows})}
+    return operators_named_or_held(m)  # files written before version 4: the names recorded, and what is known

@@ -10,7 +10,7 @@ from snapshot.errors import InvalidArgumentError, NotFoundError
 from store.layout import JOBS, SAVEPOINT_MANIFEST, find_state_folder, job_prefix, metadata_key
 from store.manifest import MANIFEST_FORMAT, MANIFEST_VERSION, PART_FORMAT, Manifest, manifest_extra_fields, parse_manifest
 from store.objects import ObjectStore, StoreConfig, open_store
-from store.views import PrefixStore, SavepointView
+from store.views import SavepointView
 
 # what an Arrow IPC file or stream starts with: a data file where a manifest should be
 _ARROW_FILE_MAGIC = b"ARROW1"
@@ -113,17 +113,11 @@ def open_location(location: str, config: StoreConfig | None = None) -> StateLoca
     return open_directory(open_store(uri, config))
 
 
-def in_store_directory(store: ObjectStore, prefix: str) -> ObjectStore:
-    """A folder of a store as a store rooted at it (a savepoint under savepoints/ of a pool's store)."""
-    return PrefixStore(store, prefix)
-
-
 __all__ = [
     "NotAStateLocationError",
     "StateLocation",
     "check_metadata_bytes",
     "directory_uri",
-    "in_store_directory",
     "open_directory",
     "open_location",
     "read_metadata",
