@@ -29,6 +29,49 @@ from store.segment_cache import SegmentCache  # noqa: E402
 
 EIGHTH = (16, 16 + NUM_KEY_GROUPS // 8 - 1)
 TARGET_RATIO = 1.25  # x 1/8 of the bytes, plus a fixed overhead per file
+ANATOMY_TARGET = 0.25  # deriving the anatomy: at most this share of writing the _metadata that carries it
+
+
+def anatomy_cost(files: int, segments: int, repeats: int) -> dict[str, float]:
+    """Seconds to derive the anatomy of a manifest of `files` files x `segments` segments, against its whole to_json."""
+    from store.anatomy import anatomy
+    from store.datafile import DataFile, OperatorStats, Segment
+    from store.manifest import MANIFEST_FORMAT, Manifest, Part
+
+    entries = [
+        DataFile(
+            path=f"data/{i:032x}.arrow",
+            kind="base" if i < 4 else "delta",
+            kg_lo=0,
+            kg_hi=NUM_KEY_GROUPS - 1,
+            rows=10 * segments,
+            size=1000 * segments,
+            sha256="0" * 64,
+            segments=tuple(Segment(j * 1000, 1000, 10, j, j % NUM_KEY_GROUPS, j % NUM_KEY_GROUPS) for j in range(segments)),
+            as_of=i,
+            operators=tuple(OperatorStats(op, 5 * segments, 50 * segments) for op in (1, 2)),
+        )
+        for i in range(files)
+    ]
+    paths = [f.path for f in entries]
+    parts = tuple(Part(p * 32, p * 32 + 31, 1, 0, tuple((x,) for x in paths[p::4])) for p in range(4))
+    m = Manifest(MANIFEST_FORMAT, "bench", files, files - 1, 0, ((1, "a"), (2, "b")), "", parts, tuple(entries))
+    derive = write = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        m.to_json()
+        t1 = time.perf_counter()
+        anatomy(m)
+        t2 = time.perf_counter()
+        write, derive = min(write, t1 - t0), min(derive, t2 - t1)
+    return {
+        "files": files,
+        "segments": segments,
+        "to_json_s": round(write, 3),
+        "anatomy_s": round(derive, 3),
+        "share": round(derive / write, 3),
+        "ok": derive <= ANATOMY_TARGET * write,
+    }
 
 
 def operator_rows() -> bytes:
@@ -199,6 +242,7 @@ def main() -> None:
         "folded": [list(f) for f in res.folded],
         "savepoint_rows": sp.rows,
         "rescale_from_parallelism_4": rescale,
+        "anatomy_cost": anatomy_cost(2000, NUM_KEY_GROUPS, args.repeats),
     }
     if args.json:
         print(json.dumps(figures))
@@ -222,6 +266,11 @@ def main() -> None:
                 f"rescale a parallelism-4 savepoint to {parallelism}: the worst subtask fetched {r['worst_ratio_to_share']:.3f} x its share "
                 f"(target <= {TARGET_RATIO}: {'ok' if r['ok'] else 'MISSED'})"
             )
+        a = figures["anatomy_cost"]
+        print(
+            f"anatomy of a _metadata of {a['files']} files x {a['segments']} segments: {a['anatomy_s']:.3f} s of its {a['to_json_s']:.3f} s "
+            f"to_json = {a['share']:.2f} (target <= {ANATOMY_TARGET}: {'ok' if a['ok'] else 'MISSED'})"
+        )
         print(
             f"full scan with {args.layers + 1} layers: {before:.3f} s; after compaction (1 base): {after:.3f} s; "
             f"before/after = {before / after:.2f}x (compaction took {compaction_s:.2f} s)"

@@ -1011,7 +1011,8 @@ class RemoteReadBackend:
         nothing changes.
 
         Operators declared with ``register_operator`` are then matched against the operators holding state in the
-        checkpoint (by op_id; a checkpoint that did not name an operator still holds its state), as Flink restores a
+        checkpoint (by op_id; a checkpoint that did not name an operator still holds its state, and one named by a
+        committer that wrote no row holds none; layers count stored rows, erases too), as Flink restores a
         savepoint: state of an operator the job does not declare raises NonRestoredStateError, before any epoch is taken,
         and nothing changes; ``allow_non_restored_state=True`` restores without it (listed in the result's
         ``non_restored``; nothing stops a read of it, and it stays in the pool's checkpoints). Declared operators with
@@ -1052,10 +1053,9 @@ class RemoteReadBackend:
         non_restored: dict[int, str | None] = {}
         if declared:
             # an op_id the checkpoint holds counts for its declared uid, named there or not (another uid: a hash collision)
-            declared_without_state = {
-                uid: op_id for uid, op_id in sorted((u, o) for o, u in declared.items()) if op_id not in info.operators
-            }
-            undeclared = {op_id: uid or None for op_id, uid in sorted(info.operators.items()) if op_id not in declared}
+            held = {op_id: uid for op_id, uid in info.operators.items() if op_id not in info.operators_without_state}
+            declared_without_state = {uid: op_id for uid, op_id in sorted((u, o) for o, u in declared.items()) if op_id not in held}
+            undeclared = {op_id: uid or None for op_id, uid in sorted(held.items()) if op_id not in declared}
             if undeclared and not allow_non_restored_state:
                 raise NonRestoredStateError(checkpoint_id, undeclared)
             non_restored = undeclared

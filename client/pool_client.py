@@ -156,6 +156,8 @@ class CheckpointInfo:
     # stored bytes of keyed rows per key group 0..127 (empty from older pools, and for incomplete checkpoints)
     key_group_bytes: tuple[int, ...] = ()
     operator_state_bytes: int = 0
+    # op_ids of ``operators`` the pool knows hold no row (named by a committer that wrote none): a restore needs not declare them
+    operators_without_state: frozenset[int] = frozenset()
 
     def range_bytes(self, lo: int, hi: int) -> int | None:
         """Stored bytes a reader of key groups lo..hi fetches (its keyed rows and all operator state); None if not reported."""
@@ -239,6 +241,7 @@ def _info(msg: pb.CheckpointInfo) -> CheckpointInfo:
         abandoned=msg.abandoned,
         key_group_bytes=tuple(msg.key_group_bytes),
         operator_state_bytes=msg.operator_state_bytes,
+        operators_without_state=frozenset(o.op_id for o in msg.operators if o.without_state),
     )
 
 

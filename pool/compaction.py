@@ -86,7 +86,10 @@ class Compaction:
             ops = reader.operator_view(manifest)  # the checkpoint's whole operator state: a base is as of its checkpoint for every part
             table = pa.concat_tables([keyed, ops.cast(keyed.schema)]) if ops.num_rows else keyed
             encoded: EncodedFile = encode_datafile(
-                table, changelog=False, target_segment_bytes=fold_segment_target(table, part.kg_hi - part.kg_lo + 1)
+                table,
+                changelog=False,
+                target_segment_bytes=fold_segment_target(table, part.kg_hi - part.kg_lo + 1),
+                count_states=True,  # each part's base repeats the operator state: the anatomy counts it once by its slots
             )
             # written even when empty: the base marks the point its part was folded at (older rows, keyed or operator, are gone)
             path = new_data_path()

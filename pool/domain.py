@@ -98,6 +98,8 @@ class CheckpointInfo:
     # stored bytes of keyed rows per key group (128 entries; empty for incomplete checkpoints) and of operator state
     key_group_bytes: tuple[int, ...] = ()
     operator_state_bytes: int = 0
+    # op_ids of ``operators`` known to hold no row (named by a committer that wrote none); a safe restore needs not declare them
+    operators_without_state: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from pool.job_listing import JobListing
 from pool.lifecycle_context import LifecycleContext
 from pool.pins import Pins
-from snapshot.errors import NotFoundError
+from snapshot.errors import CorruptDataError, InvalidArgumentError, NotFoundError
 from store.layout import (
     GC_MARKER,
     is_gc_marker,
@@ -19,8 +19,10 @@ from store.layout import (
     job_prefix,
     parse_job_key,
     savepoint_file_key,
+    savepoint_folders,
     savepoint_manifest_key,
     savepoint_of,
+    savepoint_prefix,
 )
 from store.local import TMP_DIR as FILE_STORE_TMP_DIR
 from store.local import FileStore
@@ -92,15 +94,15 @@ class GarbageCollector:
         min_age = int(self.context.config.gc_min_age_s * 1000)
         markers: list[str] = []  # progress markers of interrupted runs in scope (a store-wide run also finishes job runs)
         by_job: dict[str, list[ObjectInfo]] = {}
-        by_savepoint: dict[str, list[ObjectInfo]] = {}
+        savepoint_objects: list[ObjectInfo] = []
         for info in self.context.store.list(scope):  # the only LIST of the run
             result.listed_objects += 1
             if is_gc_marker(info.key):
                 markers.append(info.key)
             elif (parsed := parse_job_key(info.key)) is not None:
                 by_job.setdefault(parsed.job, []).append(info)
-            elif (savepoint := savepoint_of(info.key)) is not None:
-                by_savepoint.setdefault(savepoint, []).append(info)
+            elif savepoint_of(info.key) is not None:  # under savepoints/, in a folder (a loose savepoints/x is not GC's)
+                savepoint_objects.append(info)
         if job is not None and not result.listed_objects:
             raise NotFoundError(f"job {job} not found in {self.context.store.uri}")  # not "deleted 0": a typo'd job is no job
         if markers and not dry_run:
@@ -125,17 +127,7 @@ class GarbageCollector:
             candidates += _unreferenced_old_enough(
                 layout.data + [p for p in layout.pins if p.key in expired_set], refs, now, min_age, result
             )
-        for name, infos in sorted(by_savepoint.items()):
-            manifest_key = savepoint_manifest_key(name)
-            refs = set()
-            if any(i.key == manifest_key for i in infos):
-                try:
-                    m = parse_manifest(self.context.store.get(manifest_key), manifest_key)
-                    refs = {savepoint_file_key(name, f.path) for f in m.files} | {manifest_key}
-                except NotFoundError:
-                    continue  # deleted meanwhile: judge it next run
-            result.referenced += len(refs)
-            candidates += _unreferenced_old_enough(infos, refs, now, min_age, result)
+        candidates += self._savepoint_candidates(savepoint_objects, now, min_age, result)
         candidates.sort(key=lambda i: i.key)
         stale_temps = [] if scope else self._stale_temp_files(now, min_age)
         result.temp_files = len(stale_temps)
@@ -159,6 +151,28 @@ class GarbageCollector:
         for key in {marker_key, *markers} if candidates or markers else ():
             self.context.store.delete(key)
         return result
+
+    def _savepoint_candidates(self, infos: list[ObjectInfo], now: int, min_age: int, result: GcResult) -> list[ObjectInfo]:
+        """Objects under savepoints/ that no savepoint's _metadata names (a savepoint is any folder holding one, at any depth).
+
+        A folder whose _metadata vanished or does not parse keeps everything under it this run (never delete what a
+        damaged _metadata may still name); objects under no _metadata (an interrupted savepoint) go past the minimum age.
+        """
+        published, _ = savepoint_folders(i.key for i in infos)
+        refs: set[str] = set()
+        kept: set[str] = set()
+        for name in published:
+            key = savepoint_manifest_key(name)
+            try:
+                m = parse_manifest(self.context.store.get(key), key)
+            except (NotFoundError, CorruptDataError, InvalidArgumentError):
+                kept.add(name)  # deleted meanwhile or unreadable: judged again next run
+                continue
+            refs |= {savepoint_file_key(name, f.path) for f in m.files} | {key}
+        result.referenced += len(refs)
+        held = [i for i in infos if i.key not in refs and any(i.key.startswith(savepoint_prefix(n)) for n in kept)]
+        refs |= {i.key for i in held}
+        return _unreferenced_old_enough(infos, refs, now, min_age, result)
 
     def held_files(self, job: str) -> dict | None:
         """Why a run may free nothing: the data files of ``job`` its newest complete checkpoint does not read that some

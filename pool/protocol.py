@@ -45,7 +45,7 @@ from pool.domain import CheckpointInfo, CommitResult, KeyGroupRange, PoolConfig
 from pool.writers import Fencing, fenced_error
 from snapshot import StateVersionMap
 from snapshot.errors import ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
-from store.anatomy import operators_named_or_held
+from store.anatomy import operators_named_or_held, operators_with_state
 from store.checkpoint import CheckpointListing, CheckpointReader
 from store.datafile import KIND_BASE, KIND_DELTA, DataFile, encode_datafile
 from store.layout import job_file_key, legacy_part_key, metadata_key, new_data_path, parse_job_key, part_key, parts_prefix
@@ -182,6 +182,8 @@ def carried_paths(part: Manifest) -> set[str]:
 def info_of(job: str, m: Manifest, etag: str = "", abandoned: bool = False) -> CheckpointInfo:
     """A complete manifest as CheckpointInfo."""
     key_group_bytes, operator_state_bytes = m.stored_bytes_by_key_group
+    named = operators_named_or_held(m)
+    counted = all(f.operators is not None for f in m.files)  # else which operators hold rows is not known from _metadata
     return CheckpointInfo(
         job=job,
         checkpoint_id=m.checkpoint_id,
@@ -193,7 +195,8 @@ def info_of(job: str, m: Manifest, etag: str = "", abandoned: bool = False) -> C
         total_bytes=m.total_bytes,
         num_rows=m.total_rows,
         # every operator named or holding rows (unnamed: ""), so a restore sees state no uid was registered for
-        operators=tuple((op, uid or "") for op, uid in operators_named_or_held(m).items()),
+        operators=tuple((op, uid or "") for op, uid in named.items()),
+        operators_without_state=tuple(sorted(set(named) - set(operators_with_state(m)))) if counted else (),
         state_versions=m.state_versions,
         manifest_etag=etag,
         abandoned=abandoned,

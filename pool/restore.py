@@ -6,6 +6,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+import pyarrow.compute as pc
+
 from pool.lifecycle_context import LifecycleContext
 from pool.savepoints import write_folded
 from pool.writers import first_epoch
@@ -13,7 +15,7 @@ from snapshot import StateVersionMap, empty_table, operator_id
 from snapshot.errors import ClinkError, ConflictError, InvalidArgumentError, NonRestoredStateError, NotFoundError, UnavailableError
 from store.anatomy import WRITER_VERSION, operators_with_state
 from store.checkpoint import CheckpointReader
-from store.datafile import DataFile, verify_file
+from store.datafile import KIND_BASE, DataFile, verify_file
 from store.layout import (
     JOBS,
     checkpoint_prefix,
@@ -25,7 +27,7 @@ from store.layout import (
     writers_key,
 )
 from store.locations import StateLocation, directory_uri
-from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, manifest_extra_fields, manifest_json
+from store.manifest import MANIFEST_FORMAT, PART_FORMAT, Manifest, Part, info_field, manifest_extra_fields, manifest_json
 from store.objects import ObjectStore
 from store.views import PrefixStore
 from store.writers import WriterTable
@@ -108,12 +110,12 @@ class Restorer:
         """
         new_job = self.context.job(new_job)
         manifest = source.manifest
-        held = operators_with_state(manifest)
         declared = {operator_id(uid): uid for uid in uids or ()}
+        held = self._operators_with_state(source, declared)
         without_state = {uid: op for op, uid in declared.items() if op not in held}
         undeclared = {op: uid for op, uid in held.items() if op not in declared} if declared else {}
         if undeclared and not allow_non_restored_state:
-            names = ", ".join(f"{uid!r} (op_id {op})" if uid else f"unnamed (op_id {op})" for op, uid in undeclared.items())
+            names = ", ".join(f"{uid!r} (op_id 0x{op:016x})" if uid else f"unnamed (op_id 0x{op:016x})" for op, uid in undeclared.items())
             raise NonRestoredStateError(
                 f"{source.describe()} holds state for operator(s) the new job does not declare: {names}; nothing was written. "
                 "Declare them (--uid), or drop their state with --allow-non-restored-state",
@@ -137,6 +139,11 @@ class Restorer:
         created = self.context.now_ms()
         parts: list[Part] = []
         operators = tuple((op, uid) for op, uid in manifest.operators if op not in undeclared)
+        versions = StateVersionMap.unpack(manifest.state_versions)
+        if undeclared:  # a dropped operator's state versions go with its state
+            versions = StateVersionMap({(op, t): v for (op, t), v in versions.items() if op not in undeclared})
+        state_versions = versions.pack() if undeclared else manifest.state_versions
+        max_write_s = self.context.config.max_write_s
         try:
             holds = 0
             if undeclared:  # the kept operators' rows folded into new files, one per part: the dropped state is gone
@@ -144,15 +151,19 @@ class Restorer:
                 reader = CheckpointReader(source.store, manifest.job, self.context.cache)
                 table = reader.read_manifest_table(manifest, op_ids=kept) if kept else empty_table()
                 target = PrefixStore(self.context.store, job_prefix(new_job))
-                folded, files, _ = write_folded(
-                    target, table, [(p.kg_lo, p.kg_hi, epoch) for p in manifest.parts], 1, StateVersionMap.unpack(manifest.state_versions)
-                )
-                for f in files:
-                    renamed[f.path] = f.path
-                    copied[f.path] = f
+                started: list[str] = []
+                first_put = self.context.clock()
+                try:
+                    folded, files, _ = write_folded(
+                        target, table, [(p.kg_lo, p.kg_hi, epoch) for p in manifest.parts], 1, versions, started
+                    )
+                finally:
+                    renamed.update({path: path for path in started})
+                copied.update({f.path: f for f in files})
                 for part in folded:
-                    written.append(self._write_part(new_job, part, created, operators, manifest.state_versions, copied))
+                    written.append(self._write_part(new_job, part, created, operators, state_versions, copied))
                     parts.append(part)
+                self._referenced_in_time(first_put, "folding the kept operators' state", new_job)
             for source_part in manifest.parts if not undeclared else ():
                 # part by part: each part is written right after its files, so GC sees every copy referenced soon after it
                 # lands; a part whose copying takes long is covered meanwhile by holding parts (epochs no writer ever gets)
@@ -165,29 +176,33 @@ class Restorer:
                         raise NotFoundError(f"data file {entry.path} of {folder.rstrip('/')} is missing from {src_store.uri}") from None
                     verify_file(entry, data)
                     renamed[path] = new_data_path()
+                    put_at = self.context.clock()  # before the put: a pause while it lands counts against the copy's age
                     self.context.store.put_if_absent(job_file_key(new_job, renamed[path]), data)
-                    oldest = self.context.clock() if oldest is None else oldest
+                    oldest = put_at if oldest is None else oldest
                     # as_of shifted so the source's newest state is checkpoint 1 of the new job and its order of layers is kept
                     as_of = None if entry.as_of is None else entry.as_of - manifest.checkpoint_id + 1
                     copied[path] = replace(entry, path=renamed[path], as_of=as_of)
                     if progress is not None:
                         progress(len(copied), len(manifest.files))
-                    if self.context.clock() - oldest > self.context.config.max_write_s:
+                    if self.context.clock() - oldest > max_write_s:
                         break  # too long since a copy no part names: GC may have taken it (refused below)
-                    if self.context.clock() - oldest > self.context.config.max_write_s / 2:
+                    if self.context.clock() - oldest > max_write_s / 2:
                         holds += 1
                         written.append(self._hold(new_job, source_part, epoch - holds, created, manifest, copied))
+                        self._referenced_in_time(
+                            oldest, f"copying the files of key groups {source_part.kg_lo}-{source_part.kg_hi}", new_job
+                        )
                         oldest = None
-                if oldest is not None and self.context.clock() - oldest > self.context.config.max_write_s:
-                    raise UnavailableError(
-                        f"copying the files of key groups {source_part.kg_lo}-{source_part.kg_hi} took longer than "
-                        f"{self.context.config.max_write_s:g} s; the restore into {new_job} was undone, run it again"
-                    )
+                what = f"copying the files of key groups {source_part.kg_lo}-{source_part.kg_hi}"
+                if oldest is not None:
+                    self._referenced_in_time(oldest, what, new_job)
                 part = Part(
                     source_part.kg_lo, source_part.kg_hi, epoch, 0, tuple(tuple(renamed[x] for x in layer) for layer in source_part.layers)
                 )
                 written.append(self._write_part(new_job, part, created, operators, manifest.state_versions, copied))
                 parts.append(part)
+                if oldest is not None:  # the part names the copies from here on; a pause before it landed may have let GC in
+                    self._referenced_in_time(oldest, what, new_job)
         except BaseException:
             self._undo_restore(new_job, written + [job_file_key(new_job, p) for p in renamed.values()], claim)
             raise
@@ -198,7 +213,7 @@ class Restorer:
             0,
             created,
             operators,
-            manifest.state_versions,
+            state_versions,
             tuple(parts),
             tuple(sorted(copied.values(), key=lambda f: f.path)),
         )
@@ -209,7 +224,7 @@ class Restorer:
                 "kind": source.kind,
                 "job": manifest.job,
                 "checkpoint_id": manifest.checkpoint_id,
-                **({"savepoint": source.extra["savepoint"].get("name")} if "savepoint" in source.extra else {}),
+                **({"savepoint": info_field(source.extra, "savepoint").get("name")} if "savepoint" in source.extra else {}),
                 **({"dropped_operators": [f"0x{op:016x}" for op in sorted(undeclared)]} if undeclared else {}),
                 "restored_at_ms": created,
                 "writer": WRITER_VERSION,
@@ -217,6 +232,33 @@ class Restorer:
         }
         self.context.store.put_if_absent(metadata_key(new_job, 1), manifest_json(restored, origin))
         return RestoreResult(restored, source.uri, without_state, undeclared)
+
+    def _referenced_in_time(self, first_put: float, what: str, new_job: str) -> None:
+        """UnavailableError unless files put since ``first_put`` were named by a part within max_write_s (GC's minimum age
+        protects an unnamed file only so long: past it, a copy may be gone although a part names it).
+        """
+        if self.context.clock() - first_put > self.context.config.max_write_s:
+            raise UnavailableError(
+                f"{what} took longer than {self.context.config.max_write_s:g} s before a part named them (GC may have taken "
+                f"one meanwhile); the restore into {new_job} was undone, run it again"
+            )
+
+    def _operators_with_state(self, source: StateLocation, declared: dict[int, str]) -> dict[int, str | None]:
+        """op_id -> uid of the operators whose live rows the source holds, as exactly as the check of ``declared`` needs.
+
+        From _metadata when it knows: every file counts its operators and each part is one layer. Otherwise (files
+        written before manifest version 4, or delta layers whose rows may all be erased) the live rows are read.
+        """
+        manifest = source.manifest
+        held = operators_with_state(manifest)
+        counted = all(f.operators is not None for f in manifest.files)
+        layered = any(len(p.layers) > 1 for p in manifest.parts) or any(f.kind != KIND_BASE for f in manifest.files)
+        if not declared or (counted and not (layered and set(held) - set(declared))):
+            return held
+        reader = CheckpointReader(source.store, manifest.job, self.context.cache)
+        live = reader.read_manifest_table(manifest).column("op_id")
+        uids = {op: uid for op, uid in manifest.operators}
+        return {op: uids.get(op) or None for op in sorted(pc.unique(live).to_pylist())}
 
     def _write_part(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -11,10 +12,19 @@ import pyarrow as pa
 from pool.compaction import fold_segment_target
 from pool.lifecycle_context import LifecycleContext
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, leading_bytes
-from snapshot.errors import ConflictError, UnavailableError
+from snapshot.errors import ConflictError, InvalidArgumentError, UnavailableError
 from store.anatomy import WRITER_VERSION
 from store.datafile import KIND_BASE, DataFile, encode_datafile
-from store.layout import SAVEPOINT_MANIFEST, SAVEPOINTS, job_savepoint_name, new_data_path, savepoint_of, savepoint_prefix
+from store.layout import (
+    GC_MARKER,
+    JOBS,
+    SAVEPOINT_MANIFEST,
+    SAVEPOINTS,
+    job_savepoint_name,
+    new_data_path,
+    savepoint_folders,
+    savepoint_prefix,
+)
 from store.manifest import MANIFEST_FORMAT, Manifest, Part, manifest_json
 from store.objects import ObjectStore
 from store.views import PrefixStore
@@ -56,11 +66,12 @@ def write_folded(
     ranges: list[tuple[int, int, int]],
     as_of: int,
     state_versions: StateVersionMap | None = None,
+    started: list[str] | None = None,
 ) -> tuple[list[Part], list[DataFile], int]:
     """One folded base file per range (lo, hi, epoch) under data/ of ``target``, about one segment per key group; (parts, files, bytes).
 
     Each subtask's key groups stay in a file of their own, so a damaged file costs only its ranges and a rescaled
-    reader fetches only the segments of its key groups.
+    reader fetches only the segments of its key groups. ``started`` gets each path before its put (what to undo on failure).
     """
     parts: list[Part] = []
     files: list[DataFile] = []
@@ -77,11 +88,42 @@ def write_folded(
             count_states=True,
         )
         path = new_data_path()
+        if started is not None:
+            started.append(path)
         target.put_if_absent(path, encoded.data)
         written += encoded.size
         files.append(encoded.entry(path, KIND_BASE, lo, hi, as_of))
         parts.append(Part(lo, hi, epoch, 0, ((path,),)))
     return parts, files, written
+
+
+def _relative_to(root_uri: str, uri: str) -> str | None:
+    """The path of ``uri`` inside the store at ``root_uri`` ("" for the root itself); None when it lies elsewhere."""
+
+    def norm(u: str) -> str:
+        scheme, sep, rest = u.partition("://")
+        return scheme + sep + re.sub(r"/+", "/", rest).rstrip("/")
+
+    root, inner = norm(root_uri), norm(uri)
+    if inner == root:
+        return ""
+    return inner[len(root) + 1 :] if inner.startswith(root + "/") else None
+
+
+def check_savepoint_directory(store: ObjectStore, to: ObjectStore) -> None:
+    """Refuse a --to directory in the store's own layout: the pool's jobs/ and gc/ (GC would take its files for garbage,
+    a chk-N folder would pass for a checkpoint), the store root and savepoints/ itself (every other savepoint lies there).
+    """
+    rel = _relative_to(store.uri, to.uri)
+    if rel is None:
+        return
+    top = rel.split("/", 1)[0]
+    if rel in ("", SAVEPOINTS.rstrip("/")) or top in (JOBS.rstrip("/"), GC_MARKER.split("/", 1)[0]):
+        where = "the store's root" if not rel else f"{rel}/ of the store"
+        raise InvalidArgumentError(
+            f"cannot write a savepoint to {to.uri}: that is {where} {store.uri}, which the pool manages (its jobs' files, "
+            "checkpoints and GC); choose a directory of its own, e.g. savepoints/<job>/<name>/ or another prefix"
+        )
 
 
 class Savepoints:
@@ -109,6 +151,7 @@ class Savepoints:
         """
         job = self.context.job(job)
         if to is not None:
+            check_savepoint_directory(self.context.store, to)
             directory, label = to, name or to.uri.rstrip("/").rsplit("/", 1)[-1]
             taken = f"a savepoint exists already at {directory.uri}; choose another location (savepoints are never replaced)"
         if to is None and name is not None:  # names are checked before anything is read
@@ -118,7 +161,6 @@ class Savepoints:
         if to is None:
             if name is None:
                 label = job_savepoint_name(job, f"savepoint-{manifest.checkpoint_id}-{secrets.token_hex(3)}")
-                target_store = None
             directory = PrefixStore(target_store or self.context.store, savepoint_prefix(label))
             taken = f"savepoint {label!r} already exists in {(target_store or self.context.store).uri}; choose another name (savepoints are never replaced)"
         if directory.exists(SAVEPOINT_MANIFEST):
@@ -168,6 +210,6 @@ class Savepoints:
         )
 
     def list_savepoints(self, store: ObjectStore | None = None) -> list[str]:
-        """Names (NAME, or JOB/NAME for those written under a job) of every savepoint folder (complete or not), sorted."""
-        store = store or self.context.store
-        return sorted({name for info in store.list(SAVEPOINTS) if (name := savepoint_of(info.key)) is not None})
+        """Names (relative to savepoints/: NAME, JOB/NAME, or deeper for a --to there) of every savepoint folder, complete or not."""
+        published, unpublished = savepoint_folders(info.key for info in (store or self.context.store).list(SAVEPOINTS))
+        return sorted(published + unpublished)

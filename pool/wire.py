@@ -56,7 +56,10 @@ def checkpoint_info_to_pb(info: CheckpointInfo) -> pb.CheckpointInfo:
         num_files=info.num_files,
         total_bytes=info.total_bytes,
         num_rows=info.num_rows,
-        operators=[pb.OperatorInfo(op_id=op_id, uid=uid or "") for op_id, uid in info.operators],
+        operators=[
+            pb.OperatorInfo(op_id=op_id, uid=uid or "", without_state=op_id in info.operators_without_state)
+            for op_id, uid in info.operators
+        ],
         state_versions=info.state_versions,
         manifest_etag=info.manifest_etag,
         abandoned=info.abandoned,

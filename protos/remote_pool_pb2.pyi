@@ -15,12 +15,14 @@ class KeyGroupRange(_message.Message):
     def __init__(self, lo: _Optional[int] = ..., hi: _Optional[int] = ...) -> None: ...
 
 class OperatorInfo(_message.Message):
-    __slots__ = ("op_id", "uid")
+    __slots__ = ("op_id", "uid", "without_state")
     OP_ID_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
+    WITHOUT_STATE_FIELD_NUMBER: _ClassVar[int]
     op_id: int
     uid: str
-    def __init__(self, op_id: _Optional[int] = ..., uid: _Optional[str] = ...) -> None: ...
+    without_state: bool
+    def __init__(self, op_id: _Optional[int] = ..., uid: _Optional[str] = ..., without_state: _Optional[bool] = ...) -> None: ...
 
 class AcquireWriterRequest(_message.Message):
     __slots__ = ("job", "key_groups", "restore_from")

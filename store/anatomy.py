@@ -24,19 +24,35 @@ LIVE, STORED = "live", "stored"
 
 def _per_key_group(m: Manifest) -> tuple[np.ndarray, np.ndarray]:
     """Stored rows and bytes of keyed segments per key group, every file once (a segment over several groups split evenly)."""
-    rows = np.zeros(NUM_KEY_GROUPS, dtype=np.float64)
-    size = np.zeros(NUM_KEY_GROUPS, dtype=np.float64)
-    for f in m.files:
-        for seg in f.segments:
-            if seg.operator:
-                continue
-            width = seg.kg_hi - seg.kg_lo + 1
-            rows[seg.kg_lo : seg.kg_hi + 1] += seg.rows / width
-            size[seg.kg_lo : seg.kg_hi + 1] += seg.length / width
-    return rows, size
+    keyed = [(seg.kg_lo, seg.kg_hi, seg.rows, seg.length) for f in m.files for seg in f.segments if not seg.operator]
+    if not keyed:
+        return np.zeros(NUM_KEY_GROUPS), np.zeros(NUM_KEY_GROUPS)
+    lo, hi, rows, size = np.array(keyed, dtype=np.float64).T
+    width = hi - lo + 1
+    out = []
+    for values in (rows / width, size / width):  # difference arrays: + at each segment's first group, - past its last
+        diff = np.zeros(NUM_KEY_GROUPS + 1)
+        np.add.at(diff, lo.astype(np.int64), values)
+        np.add.at(diff, hi.astype(np.int64) + 1, -values)
+        out.append(np.cumsum(diff)[:NUM_KEY_GROUPS])
+    return out[0], out[1]
 
 
-def _subtasks(m: Manifest) -> list[dict[str, Any]]:
+def _repeated_operator_state(m: Manifest) -> set[str]:
+    """Files whose operator state repeats another part's: compaction folds the whole operator state into every part's base,
+    so in a checkpoint of one layer per part only the first part holding operator state counts it.
+    """
+    if not all(len(p.layers) <= 1 for p in m.parts):
+        return set()
+    holding = [
+        [x for layer in p.layers for x in layer]
+        for p in sorted(m.parts, key=lambda p: p.kg_lo)
+        if any(seg.operator for layer in p.layers for x in layer for seg in m.file(x).segments)
+    ]
+    return {x for paths in holding[1:] for x in paths}
+
+
+def _subtasks(m: Manifest, repeated: set[str]) -> list[dict[str, Any]]:
     """One entry per part (the subtask that committed it): its key groups, epoch, layers, stored rows and bytes."""
     rows, size = _per_key_group(m)
     seen: set[str] = set()  # a file several parts list (after a rescale) is counted for the first of them
@@ -44,7 +60,7 @@ def _subtasks(m: Manifest) -> list[dict[str, Any]]:
     for i, part in enumerate(sorted(m.parts, key=lambda p: p.kg_lo)):
         op_rows = op_bytes = 0
         for path in (x for layer in part.layers for x in layer):
-            if path in seen:
+            if path in seen or path in repeated:
                 continue
             seen.add(path)
             for seg in m.file(path).segments:
@@ -67,21 +83,27 @@ def _subtasks(m: Manifest) -> list[dict[str, Any]]:
     return out
 
 
-def _operators(m: Manifest, parallelism: int) -> tuple[list[dict[str, Any]], bool]:
-    """Every operator the manifest names or holds rows of, with its rows, bytes and states; and whether every file counted them."""
+def _operators(m: Manifest, parallelism: int, repeated: set[str]) -> tuple[list[dict[str, Any]], bool, bool]:
+    """Every operator the manifest names or holds rows of, with its rows, bytes and states; whether every file counted them;
+    and whether the operator state of ``repeated`` files could be left out (their rows counted per state slot).
+    """
     uids = {op: uid for op, uid in m.operators}
     rows: dict[int, int] = {}
     size: dict[int, int] = {}
     states: dict[int, dict[tuple[str, str], list[int]]] = {}
-    counted = True
+    counted = separated = True
     for f in m.files:
         if f.operators is None:
             counted = False  # a file written before version 4: its operators are not known without reading it
             continue
         for o in f.operators:
-            rows[o.op_id] = rows.get(o.op_id, 0) + o.rows
-            size[o.op_id] = size.get(o.op_id, 0) + o.bytes
+            skipped = [s for s in o.states if s.kind == "operator"] if f.path in repeated else []
+            separated = separated and (f.path not in repeated or bool(o.states) or not o.rows)
+            rows[o.op_id] = rows.get(o.op_id, 0) + o.rows - sum(s.rows for s in skipped)
+            size[o.op_id] = size.get(o.op_id, 0) + o.bytes - sum(s.bytes for s in skipped)
             for s in o.states:
+                if s in skipped:
+                    continue
                 acc = states.setdefault(o.op_id, {}).setdefault((s.slot, s.kind), [0, 0])
                 acc[0] += s.rows
                 acc[1] += s.bytes
@@ -103,7 +125,7 @@ def _operators(m: Manifest, parallelism: int) -> tuple[list[dict[str, Any]], boo
                 "state_versions": [{"state_type": t, "version": v} for (o, t), v in sorted(versions.items()) if o == op],
             }
         )
-    return out, counted
+    return out, counted, separated
 
 
 def anatomy(m: Manifest) -> dict[str, Any]:
@@ -113,15 +135,19 @@ def anatomy(m: Manifest) -> dict[str, Any]:
     Operator bytes are key plus value bytes; subtask bytes are stored (encoded) bytes.
     """
     parallelism = len(m.parts)
-    operators, counted = _operators(m, parallelism)
     one_layer = all(len(p.layers) <= 1 for p in m.parts) and all(f.kind == "base" for f in m.files)
+    repeated = _repeated_operator_state(m) if one_layer else set()
+    operators, counted, separated = _operators(m, parallelism, repeated)
+    if not separated:  # a repeated operator state not counted per slot: count everything stored
+        repeated = set()
+        operators, counted, _ = _operators(m, parallelism, repeated)
     return {
         "parallelism": parallelism,
         "max_parallelism": NUM_KEY_GROUPS,
-        "rows_counted": LIVE if one_layer else STORED,
+        "rows_counted": LIVE if one_layer and separated else STORED,
         "operators_counted": counted,
         "operators": operators,
-        "subtasks": _subtasks(m),
+        "subtasks": _subtasks(m, repeated),
         "files": len(m.files),
         "bytes": m.total_bytes,
         "rows": m.total_rows,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -151,6 +151,25 @@ def savepoint_of(key: str) -> str | None:
     if parts[2] in SAVEPOINT_ENTRIES or len(parts) == 3:
         return parts[1]
     return f"{parts[1]}/{parts[2]}"
+
+
+def savepoint_folders(keys: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Of keys under savepoints/: the folders holding a _metadata (at any depth: a --to savepoint may lie deeper), and the
+    folders (NAME or JOB/NAME) of other objects under none of them (savepoints never published); names relative to savepoints/.
+    """
+    keys = list(keys)
+    suffix = "/" + SAVEPOINT_MANIFEST
+    published = sorted({k[len(SAVEPOINTS) : -len(suffix)] for k in keys if k.startswith(SAVEPOINTS) and k.endswith(suffix)} - {""})
+    published_set = set(published)
+    unpublished = {name for key in keys if (name := savepoint_of(key)) is not None and savepoint_holding(key, published_set) is None}
+    return published, sorted(unpublished - set(published))
+
+
+def savepoint_holding(key: str, published: Iterable[str]) -> str | None:
+    """The innermost of the ``published`` savepoint folders (relative to savepoints/) that ``key`` lies in, if any."""
+    folders = published if isinstance(published, (set, frozenset)) else set(published)
+    parts = key[len(SAVEPOINTS) :].split("/")[:-1] if key.startswith(SAVEPOINTS) else []
+    return next((name for i in range(len(parts), 0, -1) if (name := "/".join(parts[:i])) in folders), None)
 
 
 def parse_checkpoint_dir(name: str) -> int | None:

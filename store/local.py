@@ -25,9 +25,10 @@ def _etag(st: os.stat_result) -> str:
 
 
 def _holds_a_file(directory: Path) -> bool:
-    """Whether any file lies below ``directory`` (stops at the first one found)."""
-    for _, _, filenames in os.walk(directory):
-        if filenames:
+    """Whether any object file lies below ``directory`` (a store's .clink- files are none; stops at the first one found)."""
+    for _, dirnames, filenames in os.walk(directory):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".clink-")]
+        if any(not f.startswith(".clink-") for f in filenames):
             return True
     return False
 
@@ -271,9 +272,9 @@ class FileStore(ObjectStore):
         if base.is_dir():
             for dirpath, dirnames, filenames in os.walk(base):
                 rel_dir = os.path.relpath(dirpath, self.root)
-                if rel_dir == ".":
-                    dirnames[:] = [d for d in dirnames if not d.startswith(".clink-")]
-                    filenames = [f for f in filenames if not f.startswith(".clink-")]
+                # a file store's own files, at its root or at the root of a store nested in it (a savepoint directory)
+                dirnames[:] = [d for d in dirnames if not d.startswith(".clink-")]
+                filenames = [f for f in filenames if not f.startswith(".clink-")]
                 rel_prefix = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
                 # descend only where keys can still start with the prefix (listing chk-* skips data/)
                 dirnames[:] = [d for d in dirnames if (rel_prefix + d + "/").startswith(prefix) or prefix.startswith(rel_prefix + d + "/")]
@@ -300,7 +301,7 @@ class FileStore(ObjectStore):
             entries = list(os.scandir(base))
         except (FileNotFoundError, NotADirectoryError):
             return []
-        names = [e.name for e in entries if e.is_dir() and not (not prefix and e.name.startswith(".clink-"))]
+        names = [e.name for e in entries if e.is_dir() and not e.name.startswith(".clink-")]
         return sorted(n for n in names if _holds_a_file(base / n))
 
     def holds(self, prefix: str = "") -> bool:
@@ -320,6 +321,22 @@ class FileStore(ObjectStore):
             if entry.is_file() or (entry.is_dir() and _holds_a_file(Path(entry.path))):
                 return True
         return False
+
+    def remove_root_if_empty(self) -> bool:
+        """Remove the root folder if it holds no object any more (only the lock file, the temp folder, empty folders).
+
+        For a store rooted at a folder of another (a savepoint directory): its lock file would be an object of that other one.
+        """
+        if not self.root.is_dir() or any(True for _ in self.list("")):
+            return False
+        with self._thread_lock:
+            (self.root / _LOCK_FILE).unlink(missing_ok=True)
+            for folder, _, _ in sorted(os.walk(self.root), key=lambda entry: -len(entry[0])):
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    return False  # a file appeared meanwhile: keep what is there
+        return True
 
     def delete(self, key: str) -> None:
         """Remove the object; a missing key is fine."""

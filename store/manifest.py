@@ -426,6 +426,15 @@ def manifest_extra_fields(raw: bytes) -> dict:
     return {k: doc[k] for k in ("restored_from", "savepoint") if k in doc}
 
 
+def info_field(extra: dict, key: str) -> dict[str, Any]:
+    """An information-only object of a manifest's extra fields (savepoint, restored_from); {} when absent or not an object.
+
+    Information is never needed to open anything, so a field edited into another shape reads as no information.
+    """
+    value = extra.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def manifest_json(m: Manifest, extra: dict | None = None) -> bytes:
     """The manifest's deterministic JSON, with optional extra top-level fields (readers ignore unknown fields)."""
     if not extra:

@@ -36,7 +36,8 @@ class SavepointGroup(click.Group):
         return super().resolve_command(ctx, args)
 
 
-@click.group("savepoint", cls=SavepointGroup)
+# an option the group does not know (`savepoint -c 2 orders`) is create's: kept for it, not refused by the group
+@click.group("savepoint", cls=SavepointGroup, context_settings={"ignore_unknown_options": True})
 def savepoint_group() -> None:
     """Take, list and delete savepoints: `savepoint JOB` takes one (`savepoint create JOB` is the same, and the way for a job named ls, delete or create).
 
@@ -111,6 +112,7 @@ def savepoint_ls_cmd(ctx: click.Context, job: str | None) -> None:
     """
     from store.layout import savepoint_prefix
     from store.locations import NotAStateLocationError, open_directory
+    from store.manifest import info_field
     from store.views import PrefixStore
 
     life = _lifecycle(ctx)
@@ -124,7 +126,7 @@ def savepoint_ls_cmd(ctx: click.Context, job: str | None) -> None:
             continue
         if job is not None and loc.job != job:
             continue
-        sp = loc.extra.get("savepoint", {})
+        sp = info_field(loc.extra, "savepoint")
         rows = sum(f.rows for f in loc.manifest.files)
         found.append(
             {
@@ -136,7 +138,7 @@ def savepoint_ls_cmd(ctx: click.Context, job: str | None) -> None:
                 "parallelism": len(loc.manifest.parts),
                 "rows": rows,
                 "bytes": loc.manifest.total_bytes,
-                "created_at": iso_utc(sp["created_at_ms"]) if "created_at_ms" in sp else None,
+                "created_at": iso_utc(sp["created_at_ms"]) if isinstance(sp.get("created_at_ms"), int) else None,
             }
         )
     lines = [
@@ -165,6 +167,7 @@ def savepoint_delete_cmd(ctx: click.Context, location: str, force: bool, dry_run
       clink-pool savepoint delete --store s3://bkt/pool s3://archive/orders/release-7 --dry-run
     """
     from store.layout import SAVEPOINT_MANIFEST
+    from store.local import FileStore
     from store.locations import open_location
 
     life = _lifecycle(ctx)
@@ -183,6 +186,8 @@ def savepoint_delete_cmd(ctx: click.Context, location: str, force: bool, dry_run
     if not dry_run:
         for key in keys:  # _metadata first: from here on it is no savepoint, whatever is left
             directory.delete(key)
+        if isinstance(directory, FileStore):
+            directory.remove_root_if_empty()  # its lock file would stay an object of the store around it
     doc = {"location": loc.uri, "deleted": [] if dry_run else keys, "would_delete": keys if dry_run else [], "bytes": size}
     doc["restored_jobs"] = [{"job": j, "checkpoint_id": c} for j, c in users]
     verb = "would delete" if dry_run else "deleted"
@@ -282,8 +287,8 @@ def restore_cmd(
         "dropped_operators": {f"0x{op:016x}": uid for op, uid in res.dropped.items()},
     }
     lines = [f"restored {origin} as checkpoint 1 of {m.job}: {len(m.files)} file(s), {_mb(m.total_bytes)}, parallelism {len(m.parts)}"]
-    for uid, op in res.declared_without_state.items():
-        lines.append(f"WARNING: operator {uid!r} (op_id 0x{op:016x}) is declared but has no state in the source: it starts empty")
+    for uid, op in res.declared_without_state.items():  # on stderr: stdout stays the result a script reads
+        output_of(ctx).note(f"warning: operator {uid!r} (op_id 0x{op:016x}) is declared but has no state in the source: it starts empty")
     for op, uid in res.dropped.items():
         lines.append(f"dropped the state of operator {uid or '(no uid)'} (op_id 0x{op:016x}): not declared (--allow-non-restored-state)")
     _emit(ctx, doc, "\n".join(lines))

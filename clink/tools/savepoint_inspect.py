@@ -8,13 +8,17 @@ from typing import Any
 
 from store.anatomy import anatomy
 from store.locations import StateLocation
+from store.manifest import info_field
 
 # findings of check-savepoint that mean a file cannot be read
 DAMAGE_CHECKS = ("presence", "checksum", "format", "format version", "state versions")
 
 
-def _when(ms: int | None) -> str | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _when(ms: Any) -> str | None:
+    """An ISO time of milliseconds since the epoch; None for anything else (information edited into another shape)."""
+    if not isinstance(ms, int) or isinstance(ms, bool) or not 0 <= ms < 253402300800000:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _file_owners(loc: StateLocation) -> dict[str, list[int]]:
@@ -51,7 +55,7 @@ def inspect_location(loc: StateLocation) -> dict[str, Any]:
     provenance["created_at"] = _when(m.created_at_ms)
     for key in ("savepoint", "restored_from"):
         if key in loc.extra:
-            provenance[key] = loc.extra[key]
+            provenance[key] = info_field(loc.extra, key)
     return {
         "location": loc.uri,
         "kind": loc.kind,
@@ -95,7 +99,7 @@ def inspect_text(doc: dict[str, Any]) -> str:
     restored = p.get("restored_from")
     if isinstance(restored, dict) and restored.get("kind") == "import":
         lines.append(f"  imported {_when(restored.get('imported_at_ms'))} from {restored.get('imported_from', '?')}")
-    elif isinstance(restored, dict):
+    elif restored:
         lines.append(
             f"  restored {_when(restored.get('restored_at_ms'))} from {restored.get('location') or restored.get('savepoint') or restored}"
         )
@@ -165,6 +169,8 @@ def assess_damage(loc: StateLocation, bad_paths: dict[str, str]) -> Damage:
             }
         )
     lost_parts = {i for path in bad_paths for i in owners.get(path, [])}
+    if any(f["operator_state"] for f in damaged):  # every subtask reads the operator state: no range restores without it
+        lost_parts = set(range(len(parts)))
     restorable = [(p.kg_lo, p.kg_hi) for i, p in enumerate(parts) if i not in lost_parts]
     lost = [(p.kg_lo, p.kg_hi) for i, p in enumerate(parts) if i in lost_parts]
     return Damage(damaged, restorable, lost)
@@ -183,7 +189,9 @@ def damage_text(d: Damage) -> list[str]:
         extra = " and operator state" if f["operator_state"] else ""
         lines.append(f"DAMAGED {f['path']} ({f['problem']}): holds key groups {groups}{extra} of {ops}")
     lines.append(f"restorable key groups: {_ranges(d.restorable)}; lost: {_ranges(d.lost)}")
-    if d.lost:
+    if any(f["operator_state"] for f in d.damaged):
+        lines.append("the operator state is lost, and every subtask reads it: restore from an earlier savepoint or checkpoint")
+    elif d.lost:
         lines.append("restore the undamaged ranges from this savepoint and the lost ones from an earlier savepoint or checkpoint")
     return lines
 
