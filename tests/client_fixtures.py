@@ -77,26 +77,30 @@ def pool_store(make_s3_store: Callable[..., ObjectStore]) -> ObjectStore:
     return make_s3_store(prefix="pool")
 
 
+@contextmanager
+def serving(store: ObjectStore) -> Iterator[str]:
+    """host:port of a real pool server over ``store`` (start_pool's defaults), stopped on leaving."""
+    server = start_pool(store)
+    try:
+        yield server.address
+    finally:
+        server.stop(0)
+
+
 @pytest.fixture
 def memory_pool_address() -> Iterator[str]:
     """host:port of a real pool server over an in-memory store: randomized tests take many steps, not S3 round trips."""
     from store.memory import MemoryStore
 
-    server = start_pool(MemoryStore())
-    try:
-        yield server.address
-    finally:
-        server.stop(0)
+    with serving(MemoryStore()) as address:
+        yield address
 
 
 @pytest.fixture
 def pool_address(pool_store: ObjectStore) -> Iterator[str]:
     """host:port of a real pool server over moto, stopped after the test."""
-    server = start_pool(pool_store)
-    try:
-        yield server.address
-    finally:
-        server.stop(0)
+    with serving(pool_store) as address:
+        yield address
 
 
 @contextmanager

@@ -10,6 +10,7 @@ import snapshot as s
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange
 from pool.lifecycle import Lifecycle, LifecycleConfig
+from store.local import FileStore
 from store.segment_cache import SegmentCache
 from tests.pool_core_helpers import OP_IDS, Model, Row, apply, commit, keyed, keys_in_range, op_key
 
@@ -68,3 +69,9 @@ def build_job(core: PoolCore, job: str, checkpoints: int, rng: random.Random, ro
             commit(core, job, cid, cid - 1, kg, epochs[i], rows_)
         models[cid] = dict(model)
     return models
+
+
+def file_job(root, checkpoints: int, seed: int = 21) -> tuple[FileStore, str, dict[int, Model]]:
+    """A file store at ``root`` holding job orders (two subtasks, ``checkpoints`` checkpoints): (store, its URI, models)."""
+    store = FileStore(root)
+    return store, f"file://{root}", build_job(PoolCore(store), "orders", checkpoints, random.Random(seed))

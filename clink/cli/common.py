@@ -309,6 +309,9 @@ class Output:
             path = getattr(exc, "path", None)
             if isinstance(path, str):
                 doc["path"] = path
+            operators = getattr(exc, "operators", None)  # NonRestoredStateError: the undeclared operators, for a script
+            if isinstance(operators, dict):
+                doc["operators"] = [{"op_id": op, "op_id_hex": f"0x{op:016x}", "uid": uid} for op, uid in sorted(operators.items())]
             click.echo(dumps(doc, one_line=True), err=True)
         else:
             click.echo(f"{self.prog}: error: {text}", err=True)

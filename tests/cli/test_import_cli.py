@@ -24,7 +24,7 @@ from snapshot.format import operators_metadata
 from store.layout import metadata_key
 from store.local import FileStore
 from tests.client_fixtures import start_pool
-from tests.lifecycle_helpers import build_job, scan_checkpoint, table_dict
+from tests.lifecycle_helpers import build_job, file_job, scan_checkpoint, table_dict
 from tests.pool_core_helpers import OP_IDS, Model, keys_in_range
 
 SOURCE, WINDOW = OP_IDS["source"], OP_IDS["window"]
@@ -86,9 +86,7 @@ def snap_file(tmp_path) -> Path:
 
 @pytest.fixture
 def job_store(tmp_path):
-    store = FileStore(tmp_path / "pool")
-    models = build_job(PoolCore(store), "orders", 6, random.Random(21))
-    return store, f"file://{tmp_path / 'pool'}", models
+    return file_job(tmp_path / "pool", 6)
 
 
 # ---- sources ----------------------------------------------------------------------------------------------------------

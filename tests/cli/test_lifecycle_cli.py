@@ -13,7 +13,7 @@ from clink.cli.pool import cli
 from pool.core import PoolCore
 from pool.lifecycle import Lifecycle
 from store.local import FileStore
-from tests.lifecycle_helpers import build_job, scan_checkpoint, scan_savepoint
+from tests.lifecycle_helpers import build_job, file_job, scan_checkpoint, scan_savepoint
 
 
 def run(*args: str, code: int = 0, env: dict | None = None) -> dict | str:
@@ -26,9 +26,7 @@ def run(*args: str, code: int = 0, env: dict | None = None) -> dict | str:
 
 @pytest.fixture
 def job_store(tmp_path):
-    store = FileStore(tmp_path / "pool")
-    models = build_job(PoolCore(store), "orders", 10, random.Random(21))
-    return store, f"file://{tmp_path / 'pool'}", models
+    return file_job(tmp_path / "pool", 10)
 
 
 def test_savepoint_restore_ls_inspect_round_trip(job_store, tmp_path):

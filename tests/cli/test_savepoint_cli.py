@@ -393,6 +393,14 @@ def test_restore_declaring_only_a_fails_naming_b_and_writes_nothing(two_operator
     assert len(line.splitlines()) == 1 and B in line and (str(OP_B) in line or f"{OP_B:016x}" in line), line
     assert A not in line.replace(loc, "") and "--allow-non-restored-state" in line
     assert listing(store) == before
+    as_json = clink_pool_run("restore", "--store", store.uri, "new", "--from", loc, "--uid", A, "-o", "json", env=s3_cli_env)
+    doc = json.loads(as_json.stderr)
+    assert (as_json.exit_code, doc["error"], doc["operators"]) == (
+        EXIT_USAGE,
+        "NonRestoredStateError",
+        [{"op_id": OP_B, "op_id_hex": f"0x{OP_B:016x}", "uid": B}],
+    )
+    assert listing(store) == before
 
 
 def test_allow_non_restored_state_restores_exactly_a(two_operators, clink_pool_run, clink_run, s3_cli_env):

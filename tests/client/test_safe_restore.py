@@ -26,7 +26,7 @@ from client import (
 )
 from store.local import FileStore
 from store.objects import ObjectStore
-from tests.client_fixtures import counted, start_pool
+from tests.client_fixtures import counted, serving
 
 CONFIG = BackendConfig(warm_up="off")
 A, B = "orders-agg", "dedup"
@@ -59,21 +59,15 @@ def _write(address: str, job: str, uids: list[str], checkpoint_id: int = 1, tag:
 @pytest.fixture
 def address(store: ObjectStore) -> Iterator[str]:
     """host:port of a real pool over the file store, and again over moto S3 (``store`` is parametrised over both)."""
-    server = start_pool(store)
-    try:
-        yield server.address
-    finally:
-        server.stop(0)
+    with serving(store) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def shared_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One pool over a file store for every example of the property test (each example uses a job of its own)."""
-    server = start_pool(FileStore(tmp_path_factory.mktemp("safe-restore") / "store"))
-    try:
-        yield server.address
-    finally:
-        server.stop(0)
+    with serving(FileStore(tmp_path_factory.mktemp("safe-restore") / "store")) as served:
+        yield served
 
 
 # -- undeclared state fails the restore, and nothing changes ------------------------------------------------------

@@ -26,7 +26,7 @@ from store.locations import open_directory, open_location
 from store.memory import MemoryStore
 from store.segment_cache import SegmentCache
 from store.views import PrefixStore
-from tests.client_fixtures import start_pool
+from tests.client_fixtures import serving, start_pool
 from tests.hook_store import HookStore
 from tests.lifecycle_helpers import build_job, delta_for, fresh, scan_checkpoint, table_dict
 from tests.pool_core_helpers import OP_IDS, Model, apply, commit, keyed, keys_in_range
@@ -541,10 +541,11 @@ def test_import_refuses_a_parallelism_out_of_range_and_writes_nothing(file_store
 # ---- the drop path and GC: a pause between the folded files and the parts naming them ---------------------------------
 
 
-def test_a_paused_restore_that_drops_state_publishes_nothing_gc_may_have_deleted():
+@pytest.mark.parametrize("drop", [True, False], ids=["drops state", "copies"])
+def test_a_paused_restore_publishes_nothing_gc_may_have_deleted(drop):
     now = {"s": 1_000_000.0}
     clock = lambda: now["s"]  # noqa: E731
-    inner = MemoryStore("drop-pause", clock_ms=lambda: int(now["s"] * 1000))
+    inner = MemoryStore("pause", clock_ms=lambda: int(now["s"] * 1000))
     config = LifecycleConfig(gc_min_age_s=3600, max_write_s=1800)
     models = build_job(PoolCore(inner, clock=clock), "orders", 2, random.Random(5))
     hooked = HookStore(inner)
@@ -555,33 +556,15 @@ def test_a_paused_restore_that_drops_state_publishes_nothing_gc_may_have_deleted
 
     hooked.on("put_if_absent", "jobs/orders-v2/data/", paused, when="after")
     life = Lifecycle(hooked, config, clock=clock)
-    try:
-        life.restorer.restore("orders-v2", life.checkpoint_location("orders"), ["source", "sink"], allow_non_restored_state=True)
-    except UnavailableError:
-        assert not inner.exists(metadata_key("orders-v2", 1)), "a refused restore was published"
-        return
-    assert scan_checkpoint(inner, "orders-v2", 1) == {k: v for k, v in models[2].items() if k[0] != WINDOW}
-
-
-def test_a_paused_restore_that_copies_publishes_nothing_gc_may_have_deleted():
-    now = {"s": 1_000_000.0}
-    clock = lambda: now["s"]  # noqa: E731
-    inner = MemoryStore("copy-pause", clock_ms=lambda: int(now["s"] * 1000))
-    config = LifecycleConfig(gc_min_age_s=3600, max_write_s=1800)
-    models = build_job(PoolCore(inner, clock=clock), "orders", 2, random.Random(5))
-    hooked = HookStore(inner)
-
-    def paused() -> None:
-        now["s"] += 7200
-        Lifecycle(inner, config, clock=clock).gc()
-
-    hooked.on("put_if_absent", "jobs/orders-v2/data/", paused, when="after")
-    life = Lifecycle(hooked, config, clock=clock)
-    try:
-        life.restorer.restore("orders-v2", life.checkpoint_location("orders"))
-    except UnavailableError:
-        assert not inner.exists(metadata_key("orders-v2", 1)), "a refused restore was published"
-        return
+    with pytest.raises(UnavailableError, match="took longer than 1800 s"):
+        if drop:
+            life.restorer.restore("orders-v2", life.checkpoint_location("orders"), ["source", "sink"], allow_non_restored_state=True)
+        else:
+            life.restorer.restore("orders-v2", life.checkpoint_location("orders"))
+    assert not inner.exists(metadata_key("orders-v2", 1)), "a refused restore was published"
+    assert not list(inner.list("jobs/orders-v2/")), "a refused restore left objects behind"
+    again = Lifecycle(inner, config, clock=clock)  # the name is free again: no pause this time
+    again.restorer.restore("orders-v2", again.checkpoint_location("orders"))
     assert scan_checkpoint(inner, "orders-v2", 1) == models[2]
 
 
@@ -663,11 +646,8 @@ def test_delete_of_a_savepoint_whose_metadata_names_a_file_outside_it_deletes_no
 
 @pytest.fixture
 def address(file_store):
-    server = start_pool(file_store)
-    try:
-        yield server.address
-    finally:
-        server.stop(0)
+    with serving(file_store) as served:
+        yield served
 
 
 def _backend_checkpoint(address: str, job: str, named: list[str], with_rows: list[str]) -> None:
