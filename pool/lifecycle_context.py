@@ -11,6 +11,7 @@ from snapshot.names import validate_job
 from store.checkpoint import CheckpointReader
 from store.layout import (
     SAVEPOINT_ENTRIES,
+    SAVEPOINT_MANIFEST,
     job_prefix,
     job_savepoint_name,
     savepoint_manifest_key,
@@ -119,9 +120,12 @@ class LifecycleContext:
         """savepoints/NAME/ (or JOB/NAME) of a store opened as a location, checked as any location is; NotFoundError naming it."""
         store = store or self.store
         name = self.savepoint_name(name)
+        directory = PrefixStore(store, savepoint_prefix(name))
         try:
-            return open_directory(PrefixStore(store, savepoint_prefix(name)))
-        except (NotAStateLocationError, NotFoundError):
+            return open_directory(directory)
+        except (NotAStateLocationError, NotFoundError) as exc:
+            if isinstance(exc, NotAStateLocationError) and directory.exists(SAVEPOINT_MANIFEST):
+                raise  # a damaged, newer or misplaced _metadata is said as such (exit 2), not "not found"
             raise NotFoundError(f"savepoint {name!r} not found (no {savepoint_manifest_key(name)} in {store.uri})") from None
 
     def open_savepoint(self, name: str, store: ObjectStore | None = None) -> tuple[CheckpointReader, Manifest, str]:

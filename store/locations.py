@@ -92,12 +92,28 @@ class StateLocation:
 def open_directory(directory: ObjectStore, uri: str | None = None) -> StateLocation:
     """A savepoint directory already opened as a store rooted at it."""
     manifest, extra = read_metadata(directory)
+    return _savepoint(directory, manifest, extra, uri)
+
+
+def _savepoint(directory: ObjectStore, manifest: Manifest, extra: dict[str, Any], uri: str | None = None) -> StateLocation:
     view = SavepointView(directory, "", manifest.job, manifest.checkpoint_id)
     return StateLocation(uri or directory.uri, "savepoint", view, directory, manifest.job, manifest.checkpoint_id, manifest, extra)
 
 
+def _drop_last_parts(uri: str, count: int) -> str:
+    """``uri`` without its last ``count`` path parts, however many slashes separate them ('' when nothing is left)."""
+    for _ in range(count):
+        uri = uri.rstrip("/").rpartition("/")[0]
+    kept = uri.rstrip("/")
+    return uri if not kept or kept.endswith(":") else kept  # file:///, / and s3:// keep their slashes
+
+
 def open_location(location: str, config: StoreConfig | None = None) -> StateLocation:
-    """Open LOCATION: a savepoint directory anywhere (or its _metadata), or a checkpoint folder .../jobs/JOB/chk-N of a store."""
+    """Open LOCATION: a savepoint directory anywhere (or its _metadata), or a checkpoint folder .../jobs/JOB/chk-N of a store.
+
+    A directory named like a checkpoint folder whose _metadata is a savepoint's own (it carries the "savepoint" field, its
+    files lie under it) opens as that savepoint: a checkpoint's _metadata never carries the field.
+    """
     uri = directory_uri(location)
     if not uri:
         raise InvalidArgumentError("the location is empty: give a savepoint directory URI (file://... or s3://...) or its _metadata")
@@ -106,8 +122,10 @@ def open_location(location: str, config: StoreConfig | None = None) -> StateLoca
     found = find_state_folder(parts)
     if found is not None and found.checkpoint_id is not None and found.job is not None:
         folder = f"{JOBS}{found.job}/chk-{found.checkpoint_id}"
-        root = open_store(uri[: -len(folder)].rstrip("/") or ".", config)  # the store the checkpoint's job lives in
+        root = open_store(_drop_last_parts(uri, 3) or ".", config)  # the store the checkpoint's job lives in
         manifest, extra = read_metadata(root, metadata_key(found.job, found.checkpoint_id))
+        if "savepoint" in extra:  # a savepoint written to a directory named like a checkpoint folder
+            return _savepoint(open_store(uri, config), manifest, extra)
         full = f"{root.uri.rstrip('/')}/{folder}"  # absolute, whatever form it was given in
         return StateLocation(full, "checkpoint", root, root, found.job, found.checkpoint_id, manifest, extra)
     return open_directory(open_store(uri, config))

@@ -66,10 +66,8 @@ def verify_cmd(ctx: click.Context, location: str, expect_uids: tuple[str, ...]) 
     from clink.tools.savepoint_inspect import DAMAGE_CHECKS, assess_damage, damage_text
 
     loc = _open(ctx, location)  # a location that is not a savepoint fails here, before any file is read
-    spec = loc.uri if loc.kind == "savepoint" else location
-    report = check_source(
-        spec if spec.endswith("_metadata") else spec.rstrip("/") + "/_metadata", source_config(ctx), (), list(expect_uids)
-    )
+    # the opened location's own URI (absolute, normalised), so every spelling inspect accepts is checked the same way
+    report = check_source(f"{loc.uri.rstrip('/')}/_metadata", source_config(ctx), (), list(expect_uids))
     bad = {
         f.path: f"{f.check}: {f.detail}"
         for f in report.findings

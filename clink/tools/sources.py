@@ -28,7 +28,7 @@ from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError,
 from snapshot.format import FORMAT_VERSION
 from snapshot.state_selectors import parse_key_groups as parse_key_group_selector
 from snapshot.state_selectors import parse_op as parse_op_selector
-from store.layout import JOBS, SAVEPOINT_MANIFEST, SAVEPOINTS, StateFolder, find_state_folder, parse_checkpoint_dir
+from store.layout import JOBS, SAVEPOINT_MANIFEST, SAVEPOINTS, StateFolder, find_state_folder, metadata_key, parse_checkpoint_dir
 from store.uris import parse_store_uri
 
 if TYPE_CHECKING:
@@ -356,13 +356,35 @@ def open_source_store(ref: SourceRef, config: SourceConfig):
 
 
 def savepoint_directory_of(ref: SourceRef, config: SourceConfig) -> SourceRef:
-    """An object source that names no object but a directory holding _metadata: that savepoint; any other ref as it is."""
+    """An object source that names no object but a directory (objects under it): that savepoint; any other ref as it is.
+
+    A directory without _metadata is read as a savepoint too, so it fails as one: "no _metadata" (exit 2), not "not found".
+    A checkpoint ref whose folder holds a savepoint's own _metadata (written to a directory named .../jobs/J/chk-N) is that
+    savepoint, as store.locations.open_location opens it.
+    """
+    if ref.kind == "checkpoint":
+        return _savepoint_in_checkpoint_folder(ref, config) or ref
     if ref.kind != "object":
         return ref
     store = open_source_store(ref, config)
-    if not store.exists(ref.path) and store.exists(f"{ref.path}/{METADATA_FILE}"):
+    if not store.exists(ref.path) and store.holds(f"{ref.path}/"):
         return SourceRef("savepoint", ref.spec, store_uri=f"{ref.store_uri.rstrip('/')}/{ref.path}")
     return ref
+
+
+def _savepoint_in_checkpoint_folder(ref: SourceRef, config: SourceConfig) -> SourceRef | None:
+    """The savepoint a checkpoint ref's folder holds (its _metadata carries the "savepoint" field), else None."""
+    from store.manifest import manifest_extra_fields
+
+    assert ref.job is not None and ref.checkpoint_id is not None
+    key = metadata_key(ref.job, ref.checkpoint_id)
+    try:
+        data = open_source_store(ref, config).get(key)
+    except ClinkError:  # what is missing or unreadable is said where the checkpoint is read
+        return None
+    if "savepoint" not in manifest_extra_fields(data):
+        return None
+    return SourceRef("savepoint", ref.spec, store_uri=f"{ref.store_uri.rstrip('/')}/{key.removesuffix('/' + SAVEPOINT_MANIFEST)}")
 
 
 def load_source(spec: str, config: SourceConfig | None = None, selection: Selection | None = None) -> StateSource:

@@ -89,8 +89,6 @@ def test_each_bad_location_is_one_line_exit_2_naming_which_and_nothing_changes(w
     before, stats, folders = (listing(store), listing(target)), (stat_listing(store), stat_listing(target)), tree(store, target)
     for case, word in BAD.items():
         for loc in (f"{store.uri}/bad/{case}", f"{store.uri}/bad/{case}/_metadata"):
-            if (command, loc) == ("import", f"{store.uri}/bad/nometa") and not isinstance(store, FileStore):
-                continue  # a known defect: test_import_of_an_s3_directory_without_metadata_says_which
             which, args = COMMANDS[command](loc, target.uri)
             result = runners[which](*args, env=s3_cli_env)
             assert result.exit_code == EXIT_USAGE, (loc, result.output)
@@ -119,11 +117,6 @@ def test_the_good_savepoint_passes_every_command(world, clink_run, clink_pool_ru
     assert scan_checkpoint(target, "r", 1) == scan_checkpoint(target, "i", 1) == model
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="clink.tools.sources.savepoint_directory_of takes an s3:// directory as a savepoint only when its _metadata exists; "
-    "with objects but no _metadata, import reads it as one object: exit 3 'object nometa not found', not exit 2 'no _metadata'",
-)
 def test_import_of_an_s3_directory_without_metadata_says_which(s3_store, make_s3_store, clink_pool_run, s3_cli_env):
     build_job(PoolCore(s3_store), "orders", 1, random.Random(3))
     assert clink_pool_run("savepoint", "--store", s3_store.uri, "orders", "--to", f"{s3_store.uri}/good/sp", env=s3_cli_env).exit_code == 0

@@ -1,4 +1,4 @@
-"""Hostile review of issue 16 (savepoint locations, delete, GC, safe restore, anatomy): each test a property, xfail a defect."""
+"""Hostile review of issue 16 (savepoint locations, delete, GC, safe restore, anatomy): each finding kept as the property it broke."""
 
 from __future__ import annotations
 
@@ -481,10 +481,6 @@ def test_a_savepoint_at_an_s3_bucket_root_opens_by_bucket_uri_and_by_its_metadat
         assert loc.kind == "savepoint" and _rows(loc.directory) == models[3], spelled
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store/locations.py:open_location reads any directory ending in jobs/<J>/chk-<N> as a checkpoint, even a savepoint written there",
-)
 def test_a_savepoint_written_to_a_directory_named_like_a_checkpoint_opens_as_that_savepoint(file_store, tmp_path):
     models = _orders(file_store)
     target = tmp_path / "archive" / "jobs" / "orders" / "chk-3"
@@ -571,10 +567,6 @@ def test_a_paused_restore_publishes_nothing_gc_may_have_deleted(drop):
 # ---- verify and open_location: spellings of a checkpoint folder ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="clink/cli/savepoint.py:verify_cmd appends /_metadata to a checkpoint location ending '_metadata/', which inspect accepts",
-)
 def test_verify_accepts_a_checkpoint_metadata_uri_with_a_trailing_slash_as_inspect_does(file_store, clink_run):
     _orders(file_store)
     location = f"{file_store.uri}/jobs/orders/chk-3/_metadata/"
@@ -583,10 +575,6 @@ def test_verify_accepts_a_checkpoint_metadata_uri_with_a_trailing_slash_as_inspe
     assert code == 0 and doc["passed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store/locations.py:open_location cuts the store root by the normalised folder's length: 'jobs/J//chk-N' gives a wrong root",
-)
 def test_a_checkpoint_folder_spelled_with_a_double_slash_opens_that_checkpoint(file_store):
     models = _orders(file_store)
     loc = open_location(f"{file_store.uri}/jobs/orders//chk-3")
@@ -677,10 +665,6 @@ def test_a_backend_restores_a_job_that_omits_an_operator_named_without_state(add
 # ---- a damaged or newer savepoint named by NAME is said to be damaged or newer, not missing ---------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pool/lifecycle_context.py:savepoint_location turns NotAStateLocationError into 'savepoint not found' (exit 3)",
-)
 @pytest.mark.parametrize("damage", ["truncated", "newer"])
 def test_inspect_of_a_named_savepoint_with_a_damaged_or_newer_metadata_says_so(file_store, clink_pool_run, damage):
     _orders(file_store)

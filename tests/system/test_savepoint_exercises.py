@@ -396,12 +396,6 @@ def test_a_savepoint_written_straight_to_another_scheme_restores_back(store, els
     assert scan_checkpoint(store, "orders-back", 1) == model
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open_location (store/locations.py) goes by the path's shape alone: a savepoint copied to a directory named "
-    ".../jobs/J/chk-N is opened as checkpoint N of job J (whatever its _metadata says), so inspect calls it a checkpoint, "
-    "verify finds its files missing (looked for under .../jobs/J/data/) and restore fails",
-)
 def test_a_savepoint_copied_under_a_path_shaped_like_a_checkpoint_folder_still_opens_as_itself(store, cli):
     model = build_p4(store)
     cli("clink-pool", "savepoint", "--store", store.uri, "orders", "--to", f"{store.uri}/exports/release-1")
