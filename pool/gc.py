@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,9 @@ from pool.lifecycle_context import LifecycleContext
 from pool.pins import Pins
 from snapshot.errors import CorruptDataError, InvalidArgumentError, NotFoundError
 from store.layout import (
+    DATA_DIR,
     GC_MARKER,
+    SAVEPOINTS,
     is_gc_marker,
     job_file_key,
     job_gc_marker_key,
@@ -155,7 +158,7 @@ class GarbageCollector:
     def _savepoint_candidates(self, infos: list[ObjectInfo], now: int, min_age: int, result: GcResult) -> list[ObjectInfo]:
         """Objects under savepoints/ that no savepoint's _metadata names (a savepoint is any folder holding one, at any depth).
 
-        A folder whose _metadata vanished or does not parse keeps everything under it this run (never delete what a
+        A folder whose _metadata vanished or does not parse keeps it and its data/ this run (never delete what a
         damaged _metadata may still name); objects under no _metadata (an interrupted savepoint) go past the minimum age.
         """
         published, _ = savepoint_folders(i.key for i in infos)
@@ -170,7 +173,9 @@ class GarbageCollector:
                 continue
             refs |= {savepoint_file_key(name, f.path) for f in m.files} | {key}
         result.referenced += len(refs)
-        held = [i for i in infos if i.key not in refs and any(i.key.startswith(savepoint_prefix(n)) for n in kept)]
+        # what an unreadable _metadata could name: itself and its folder's data/ (the parser refuses any other path)
+        keep = tuple(savepoint_prefix(n) + DATA_DIR for n in kept) + tuple(savepoint_manifest_key(n) for n in kept)
+        held = [i for i in infos if i.key not in refs and i.key.startswith(keep)]
         refs |= {i.key for i in held}
         return _unreferenced_old_enough(infos, refs, now, min_age, result)
 
@@ -214,15 +219,20 @@ class GarbageCollector:
         if not isinstance(self.context.store, FileStore):
             return []
         out: list[Path] = []
-        temp_dir = self.context.store.root / FILE_STORE_TMP_DIR
-        if not temp_dir.is_dir():  # a store nothing was written to yet has no temp folder
-            return out
-        for path in temp_dir.iterdir():
-            try:
-                if now_ms - int(path.stat().st_mtime * 1000) >= min_age_ms:
-                    out.append(path)
-            except FileNotFoundError:
-                continue  # renamed into place or removed meanwhile
+        root = self.context.store.root
+        temp_dirs = [root / FILE_STORE_TMP_DIR]  # and those of savepoints written to a folder of the store (--to)
+        temp_dirs += [Path(d) for d, names, _ in os.walk(root / SAVEPOINTS) if FILE_STORE_TMP_DIR in names and Path(d) != root]
+        for temp_dir in temp_dirs:
+            if temp_dir.name != FILE_STORE_TMP_DIR:
+                temp_dir = temp_dir / FILE_STORE_TMP_DIR
+            if not temp_dir.is_dir():  # a store nothing was written to yet has no temp folder
+                continue
+            for path in temp_dir.iterdir():
+                try:
+                    if now_ms - int(path.stat().st_mtime * 1000) >= min_age_ms:
+                        out.append(path)
+                except FileNotFoundError:
+                    continue  # renamed into place or removed meanwhile
         return out
 
     def _job_references(self, job: str, layout: JobListing) -> set[str] | None:

@@ -99,6 +99,12 @@ class LifecycleContext:
             return job_savepoint_name(job, own)
         return self.name(name)
 
+    def readable_savepoint_name(self, name: object) -> str:
+        """The name of any savepoint folder under savepoints/ to read (a --to may lie deeper than JOB/NAME): valid parts."""
+        if isinstance(name, str) and "/" in name:
+            return "/".join(self.name(part) for part in name.split("/"))
+        return self.savepoint_name(name)
+
     def now_ms(self) -> int:
         """The clock in milliseconds."""
         return int(self.clock() * 1000)
@@ -119,7 +125,7 @@ class LifecycleContext:
     def savepoint_location(self, name: str, store: ObjectStore | None = None) -> StateLocation:
         """savepoints/NAME/ (or JOB/NAME) of a store opened as a location, checked as any location is; NotFoundError naming it."""
         store = store or self.store
-        name = self.savepoint_name(name)
+        name = self.readable_savepoint_name(name)
         directory = PrefixStore(store, savepoint_prefix(name))
         try:
             return open_directory(directory)
@@ -131,4 +137,4 @@ class LifecycleContext:
     def open_savepoint(self, name: str, store: ObjectStore | None = None) -> tuple[CheckpointReader, Manifest, str]:
         """(reader, manifest, folder) of a savepoint (NAME or JOB/NAME), read through a read-only view of its folder."""
         loc = self.savepoint_location(name, store)
-        return CheckpointReader(loc.store, loc.job, self.cache), loc.manifest, savepoint_prefix(self.savepoint_name(name))
+        return CheckpointReader(loc.store, loc.job, self.cache), loc.manifest, savepoint_prefix(self.readable_savepoint_name(name))

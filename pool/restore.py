@@ -146,25 +146,29 @@ class Restorer:
         max_write_s = self.context.config.max_write_s
         try:
             holds = 0
-            if undeclared:  # the kept operators' rows folded into new files, one per part: the dropped state is gone
+            # folded (the dropped state gone, or operators whose rows were all erased in layers: then _metadata counts live rows)
+            fold = bool(undeclared) or bool(set(operators_with_state(manifest)) - set(held))
+            if fold:  # the kept operators' rows folded into new files, one per part, each part written as its file lands
                 kept = [op for op in held if op not in undeclared]
                 reader = CheckpointReader(source.store, manifest.job, self.context.cache)
                 table = reader.read_manifest_table(manifest, op_ids=kept) if kept else empty_table()
-                target = PrefixStore(self.context.store, job_prefix(new_job))
-                started: list[str] = []
-                first_put = self.context.clock()
-                try:
-                    folded, files, _ = write_folded(
-                        target, table, [(p.kg_lo, p.kg_hi, epoch) for p in manifest.parts], 1, versions, started
-                    )
-                finally:
-                    renamed.update({path: path for path in started})
-                copied.update({f.path: f for f in files})
-                for part in folded:
+                fold_put_at = [self.context.clock()]
+
+                def before_put(path: str) -> None:
+                    renamed[path] = path  # undone on failure even if its put fails half-way
+                    fold_put_at[0] = self.context.clock()
+
+                def landed(part: Part, entry: DataFile | None) -> None:
+                    if entry is not None:
+                        copied[entry.path] = entry
                     written.append(self._write_part(new_job, part, created, operators, state_versions, copied))
                     parts.append(part)
-                self._referenced_in_time(first_put, "folding the kept operators' state", new_job)
-            for source_part in manifest.parts if not undeclared else ():
+                    if entry is not None:
+                        self._referenced_in_time(fold_put_at[0], f"folding key groups {part.kg_lo}-{part.kg_hi}", new_job)
+
+                target = PrefixStore(self.context.store, job_prefix(new_job))
+                write_folded(target, table, [(p.kg_lo, p.kg_hi, epoch) for p in manifest.parts], 1, versions, before_put, landed)
+            for source_part in manifest.parts if not fold else ():
                 # part by part: each part is written right after its files, so GC sees every copy referenced soon after it
                 # lands; a part whose copying takes long is covered meanwhile by holding parts (epochs no writer ever gets)
                 oldest: float | None = None

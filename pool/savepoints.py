@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,12 +67,14 @@ def write_folded(
     ranges: list[tuple[int, int, int]],
     as_of: int,
     state_versions: StateVersionMap | None = None,
-    started: list[str] | None = None,
+    on_put: Callable[[str], None] | None = None,
+    on_part: Callable[[Part, DataFile | None], None] | None = None,
 ) -> tuple[list[Part], list[DataFile], int]:
     """One folded base file per range (lo, hi, epoch) under data/ of ``target``, about one segment per key group; (parts, files, bytes).
 
     Each subtask's key groups stay in a file of their own, so a damaged file costs only its ranges and a rescaled
-    reader fetches only the segments of its key groups. ``started`` gets each path before its put (what to undo on failure).
+    reader fetches only the segments of its key groups. ``on_put`` gets each path right before its put (what to undo on
+    failure), ``on_part`` each part as soon as its file landed (None: an empty part), so a caller can name it at once.
     """
     parts: list[Part] = []
     files: list[DataFile] = []
@@ -79,6 +82,8 @@ def write_folded(
     for (lo, hi, epoch), piece in zip(ranges, split_by_parts(table, [(lo, hi) for lo, hi, _ in ranges]), strict=True):
         if not piece.num_rows:
             parts.append(Part(lo, hi, epoch, 0, ()))
+            if on_part is not None:
+                on_part(parts[-1], None)
             continue
         encoded = encode_datafile(
             piece,
@@ -88,12 +93,14 @@ def write_folded(
             count_states=True,
         )
         path = new_data_path()
-        if started is not None:
-            started.append(path)
+        if on_put is not None:
+            on_put(path)
         target.put_if_absent(path, encoded.data)
         written += encoded.size
         files.append(encoded.entry(path, KIND_BASE, lo, hi, as_of))
         parts.append(Part(lo, hi, epoch, 0, ((path,),)))
+        if on_part is not None:
+            on_part(parts[-1], files[-1])
     return parts, files, written
 
 
@@ -163,6 +170,8 @@ class Savepoints:
                 label = job_savepoint_name(job, f"savepoint-{manifest.checkpoint_id}-{secrets.token_hex(3)}")
             directory = PrefixStore(target_store or self.context.store, savepoint_prefix(label))
             taken = f"savepoint {label!r} already exists in {(target_store or self.context.store).uri}; choose another name (savepoints are never replaced)"
+        if target_store is not None:  # another store may be this one under another prefix: its layout is off limits too
+            check_savepoint_directory(self.context.store, directory)
         if directory.exists(SAVEPOINT_MANIFEST):
             raise ConflictError(taken)
         table = reader.read_manifest_table(manifest)

@@ -38,18 +38,29 @@ def _per_key_group(m: Manifest) -> tuple[np.ndarray, np.ndarray]:
     return out[0], out[1]
 
 
-def _repeated_operator_state(m: Manifest) -> set[str]:
-    """Files whose operator state repeats another part's: compaction folds the whole operator state into every part's base,
-    so in a checkpoint of one layer per part only the first part holding operator state counts it.
+def operator_state_files(m: Manifest) -> set[str] | None:
+    """Paths of the files whose operator state a reader reads, as CheckpointReader.operator_view picks them: the newest
+    base (each holds the whole view as of its checkpoint) and the newer deltas holding some; None when a file predates
+    as_of (then any may be read). Older bases, and the bases of other parts of the same checkpoint, only repeat it.
     """
-    if not all(len(p.layers) <= 1 for p in m.parts):
+    entries = {path: m.file(path) for p in m.parts for layer in p.layers for path in layer}
+    if any(e.as_of is None for e in entries.values()):
+        return None
+    bases = [e for e in entries.values() if not e.changelog]
+    start = max((e.as_of for e in bases if e.as_of is not None), default=None)
+    read = {next(e.path for e in bases if e.as_of == start)} if start is not None else set()
+    holding = [e for e in entries.values() if e.changelog and any(s.operator for s in e.segments)]
+    return read | {e.path for e in holding if start is None or (e.as_of is not None and e.as_of > start)}
+
+
+def _repeated_operator_state(m: Manifest) -> set[str]:
+    """Files of a one-layer-per-part manifest whose operator state no reader reads (compaction folds the whole operator
+    state into every part's base): the anatomy counts the operator state of the file read only.
+    """
+    read = operator_state_files(m)
+    if read is None:
         return set()
-    holding = [
-        [x for layer in p.layers for x in layer]
-        for p in sorted(m.parts, key=lambda p: p.kg_lo)
-        if any(seg.operator for layer in p.layers for x in layer for seg in m.file(x).segments)
-    ]
-    return {x for paths in holding[1:] for x in paths}
+    return {f.path for f in m.files if f.path not in read and any(s.operator for s in f.segments)}
 
 
 def _subtasks(m: Manifest, repeated: set[str]) -> list[dict[str, Any]]:

@@ -27,8 +27,8 @@ def _etag(st: os.stat_result) -> str:
 def _holds_a_file(directory: Path) -> bool:
     """Whether any object file lies below ``directory`` (a store's .clink- files are none; stops at the first one found)."""
     for _, dirnames, filenames in os.walk(directory):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".clink-")]
-        if any(not f.startswith(".clink-") for f in filenames):
+        dirnames[:] = [d for d in dirnames if d != TMP_DIR]
+        if any(f != _LOCK_FILE for f in filenames):
             return True
     return False
 
@@ -62,7 +62,10 @@ class FileStore(ObjectStore):
         raise NotFoundError(f"no such store: {self.uri} (the directory {self.root} does not exist)")
 
     def _path(self, key: str) -> Path:
-        return self.root / validate_key(key)
+        parts = validate_key(key).split("/")
+        if parts[-1] == _LOCK_FILE or TMP_DIR in parts:  # a nested file store's own files: never objects of this one
+            raise InvalidArgumentError(f"object key {key!r} names a file store's {_LOCK_FILE} or {TMP_DIR}; refused")
+        return self.root / key
 
     def _inside(self, key: str, path: Path) -> Path:
         """``path``, unless a symlink under the root leads it elsewhere (a store never reads or writes outside its root)."""
@@ -272,9 +275,12 @@ class FileStore(ObjectStore):
         if base.is_dir():
             for dirpath, dirnames, filenames in os.walk(base):
                 rel_dir = os.path.relpath(dirpath, self.root)
-                # a file store's own files, at its root or at the root of a store nested in it (a savepoint directory)
-                dirnames[:] = [d for d in dirnames if not d.startswith(".clink-")]
-                filenames = [f for f in filenames if not f.startswith(".clink-")]
+                if rel_dir == ".":
+                    dirnames[:] = [d for d in dirnames if not d.startswith(".clink-")]
+                    filenames = [f for f in filenames if not f.startswith(".clink-")]
+                else:  # the lock and temp folder of a file store rooted here (a savepoint directory) are no objects
+                    dirnames[:] = [d for d in dirnames if d != TMP_DIR]
+                    filenames = [f for f in filenames if f != _LOCK_FILE]
                 rel_prefix = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
                 # descend only where keys can still start with the prefix (listing chk-* skips data/)
                 dirnames[:] = [d for d in dirnames if (rel_prefix + d + "/").startswith(prefix) or prefix.startswith(rel_prefix + d + "/")]
@@ -301,7 +307,7 @@ class FileStore(ObjectStore):
             entries = list(os.scandir(base))
         except (FileNotFoundError, NotADirectoryError):
             return []
-        names = [e.name for e in entries if e.is_dir() and not e.name.startswith(".clink-")]
+        names = [e.name for e in entries if e.is_dir() and not (e.name == TMP_DIR or (not prefix and e.name.startswith(".clink-")))]
         return sorted(n for n in names if _holds_a_file(base / n))
 
     def holds(self, prefix: str = "") -> bool:

@@ -117,7 +117,7 @@ def validate_key(key: str) -> str:
     for part in parts:
         if part in ("", ".", ".."):
             raise InvalidArgumentError(f"object key {key!r} has an empty, '.' or '..' component")
-    if any(part.startswith(".clink-") for part in parts):  # a file store's lock and temp files, at its root or a nested one's
+    if parts[0].startswith(".clink-"):
         raise InvalidArgumentError(f"object key {key!r} uses the reserved '.clink-' prefix")
     return key
 

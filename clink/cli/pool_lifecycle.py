@@ -110,6 +110,7 @@ def savepoint_ls_cmd(ctx: click.Context, job: str | None) -> None:
       clink-pool savepoint ls --store s3://bkt/pool
       clink-pool savepoint ls --store s3://bkt/pool --job orders -o json
     """
+    from clink.tools.savepoint_inspect import iso_time_or_none
     from store.layout import savepoint_prefix
     from store.locations import NotAStateLocationError, open_directory
     from store.manifest import info_field
@@ -122,7 +123,8 @@ def savepoint_ls_cmd(ctx: click.Context, job: str | None) -> None:
         try:
             loc = open_directory(directory)
         except (NotAStateLocationError, CorruptDataError, NotFoundError) as exc:
-            found.append({"name": name, "location": directory.uri, "complete": False, "problem": str(exc)})
+            if job is None or name.split("/")[0] == job:  # an unpublished folder tells its job by its place only
+                found.append({"name": name, "location": directory.uri, "complete": False, "problem": str(exc)})
             continue
         if job is not None and loc.job != job:
             continue
@@ -138,7 +140,7 @@ def savepoint_ls_cmd(ctx: click.Context, job: str | None) -> None:
                 "parallelism": len(loc.manifest.parts),
                 "rows": rows,
                 "bytes": loc.manifest.total_bytes,
-                "created_at": iso_utc(sp["created_at_ms"]) if isinstance(sp.get("created_at_ms"), int) else None,
+                "created_at": iso_time_or_none(sp.get("created_at_ms")),
             }
         )
     lines = [
@@ -248,8 +250,7 @@ def restore_cmd(
         raise InvalidArgumentError("restore needs exactly one source: --from LOCATION, --from-savepoint NAME or --from-job JOB")
     if allow_non_restored_state and not uids:
         raise InvalidArgumentError("--allow-non-restored-state drops the state of operators not declared with --uid: declare some")
-    from store.locations import StateLocation, open_directory, open_location
-    from store.views import PrefixStore
+    from store.locations import StateLocation, open_location
 
     # restoring from another store may start a new one at --store; restoring within one store needs it there
     life = _lifecycle(ctx, must_exist=source_store is None and location is None)
@@ -257,11 +258,8 @@ def restore_cmd(
     if location is not None:
         source = open_location(location, store_config_of(ctx))
     elif savepoint is not None:
-        from store.layout import savepoint_prefix
-
         src_store = open_store_of(ctx, source_store) if source_store else life.store
-        name = life.context.savepoint_name(savepoint)
-        source = open_directory(PrefixStore(src_store, savepoint_prefix(name)))
+        source = life.context.savepoint_location(savepoint, src_store)
     else:
         assert source_job is not None  # exactly one source, checked above
         src_store = open_store_of(ctx, source_store) if source_store else life.store

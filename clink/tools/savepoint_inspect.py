@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from store.anatomy import anatomy
+from store.anatomy import anatomy, operator_state_files
 from store.locations import StateLocation
 from store.manifest import info_field
 
@@ -14,8 +14,10 @@ from store.manifest import info_field
 DAMAGE_CHECKS = ("presence", "checksum", "format", "format version", "state versions")
 
 
-def _when(ms: Any) -> str | None:
-    """An ISO time of milliseconds since the epoch; None for anything else (information edited into another shape)."""
+def iso_time_or_none(ms: Any) -> str | None:
+    """An ISO time of epoch milliseconds given as information (a copied _metadata may say anything): None unless a plain
+    int from 1970 to 9999.
+    """
     if not isinstance(ms, int) or isinstance(ms, bool) or not 0 <= ms < 253402300800000:
         return None
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -52,7 +54,7 @@ def inspect_location(loc: StateLocation) -> dict[str, Any]:
             }
         )
     provenance = dict(doc["provenance"])
-    provenance["created_at"] = _when(m.created_at_ms)
+    provenance["created_at"] = iso_time_or_none(m.created_at_ms)
     for key in ("savepoint", "restored_from"):
         if key in loc.extra:
             provenance[key] = info_field(loc.extra, key)
@@ -93,15 +95,15 @@ def inspect_text(doc: dict[str, Any]) -> str:
     sp = p.get("savepoint")
     if sp:
         lines.append(
-            f"  taken {_when(sp.get('created_at_ms'))} by {sp.get('writer', '?')} from {sp.get('source_store', '?')} "
+            f"  taken {iso_time_or_none(sp.get('created_at_ms'))} by {sp.get('writer', '?')} from {sp.get('source_store', '?')} "
             f"(job {sp.get('source_job', doc['job'])}, checkpoint {sp.get('source_checkpoint_id', doc['checkpoint_id'])})"
         )
     restored = p.get("restored_from")
     if isinstance(restored, dict) and restored.get("kind") == "import":
-        lines.append(f"  imported {_when(restored.get('imported_at_ms'))} from {restored.get('imported_from', '?')}")
+        lines.append(f"  imported {iso_time_or_none(restored.get('imported_at_ms'))} from {restored.get('imported_from', '?')}")
     elif restored:
         lines.append(
-            f"  restored {_when(restored.get('restored_at_ms'))} from {restored.get('location') or restored.get('savepoint') or restored}"
+            f"  restored {iso_time_or_none(restored.get('restored_at_ms'))} from {restored.get('location') or restored.get('savepoint') or restored}"
         )
     lines.append("operators")
     ops = [
@@ -143,6 +145,7 @@ class Damage:
     damaged: list[dict[str, Any]]
     restorable: list[tuple[int, int]]
     lost: list[tuple[int, int]]
+    operator_state_lost: bool = False  # a damaged file held the operator state readers read (not a copy of it)
 
 
 def assess_damage(loc: StateLocation, bad_paths: dict[str, str]) -> Damage:
@@ -169,11 +172,13 @@ def assess_damage(loc: StateLocation, bad_paths: dict[str, str]) -> Damage:
             }
         )
     lost_parts = {i for path in bad_paths for i in owners.get(path, [])}
-    if any(f["operator_state"] for f in damaged):  # every subtask reads the operator state: no range restores without it
-        lost_parts = set(range(len(parts)))
+    read = operator_state_files(m)  # the files whose operator state every subtask reads (not the copies of it)
+    operator_state_lost = any(f["operator_state"] and (read is None or f["path"] in read) for f in damaged)
+    if operator_state_lost:
+        lost_parts = set(range(len(parts)))  # no range restores without the operator state
     restorable = [(p.kg_lo, p.kg_hi) for i, p in enumerate(parts) if i not in lost_parts]
     lost = [(p.kg_lo, p.kg_hi) for i, p in enumerate(parts) if i in lost_parts]
-    return Damage(damaged, restorable, lost)
+    return Damage(damaged, restorable, lost, operator_state_lost)
 
 
 def _ranges(ranges: list[tuple[int, int]]) -> str:
@@ -189,11 +194,11 @@ def damage_text(d: Damage) -> list[str]:
         extra = " and operator state" if f["operator_state"] else ""
         lines.append(f"DAMAGED {f['path']} ({f['problem']}): holds key groups {groups}{extra} of {ops}")
     lines.append(f"restorable key groups: {_ranges(d.restorable)}; lost: {_ranges(d.lost)}")
-    if any(f["operator_state"] for f in d.damaged):
+    if d.operator_state_lost:
         lines.append("the operator state is lost, and every subtask reads it: restore from an earlier savepoint or checkpoint")
     elif d.lost:
         lines.append("restore the undamaged ranges from this savepoint and the lost ones from an earlier savepoint or checkpoint")
     return lines
 
 
-__all__ = ["DAMAGE_CHECKS", "Damage", "assess_damage", "damage_text", "inspect_location", "inspect_text"]
+__all__ = ["DAMAGE_CHECKS", "Damage", "assess_damage", "damage_text", "inspect_location", "inspect_text", "iso_time_or_none"]

@@ -22,7 +22,7 @@ from snapshot.errors import InvalidArgumentError, NonRestoredStateError, NotFoun
 from store.checkpoint import CheckpointReader
 from store.layout import metadata_key
 from store.local import FileStore
-from store.locations import open_directory, open_location
+from store.locations import open_location
 from store.memory import MemoryStore
 from store.segment_cache import SegmentCache
 from store.views import PrefixStore
@@ -30,49 +30,37 @@ from tests.client_fixtures import serving, start_pool
 from tests.hook_store import HookStore
 from tests.lifecycle_helpers import build_job, delta_for, fresh, scan_checkpoint, table_dict
 from tests.pool_core_helpers import OP_IDS, Model, apply, commit, keyed, keys_in_range
+from tests.savepoint_review_helpers import NO_AGE, orders_job, pool_json, savepoint_rows, verify_json
 
 SOURCE, WINDOW, SINK = OP_IDS["source"], OP_IDS["window"], OP_IDS["sink"]
-NO_AGE = LifecycleConfig(gc_min_age_s=0)
-
-
-def _orders(store, checkpoints: int = 3, seed: int = 16) -> dict[int, Model]:
-    """Job ``orders``: two subtasks, ``checkpoints`` incremental checkpoints with erases and operator state."""
-    return build_job(PoolCore(store), "orders", checkpoints, random.Random(seed))
-
-
-def _rows(directory) -> Model:
-    """The rows of the savepoint at ``directory`` (a store rooted at it), read back through a fresh lifecycle."""
-    loc = open_directory(directory)
-    life = fresh(directory)
-    return table_dict(life.read_table(CheckpointReader(loc.store, loc.job, life.context.cache), loc.manifest))
 
 
 # ---- GC and savepoints written with --to inside the store ---------------------------------------------------------
 
 
 def test_gc_keeps_an_auto_named_savepoint_and_a_to_savepoint_one_level_under_savepoints(file_store):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     life = fresh(file_store, NO_AGE)
     auto = life.savepoint("orders")
     life.savepoint("orders", to=PrefixStore(file_store, "savepoints/archive/"))
     life.gc()
-    assert _rows(PrefixStore(file_store, auto.location.split(file_store.uri.rstrip("/") + "/")[1] + "/")) == models[3]
-    assert _rows(PrefixStore(file_store, "savepoints/archive/")) == models[3]
+    assert savepoint_rows(PrefixStore(file_store, auto.location.split(file_store.uri.rstrip("/") + "/")[1] + "/")) == models[3]
+    assert savepoint_rows(PrefixStore(file_store, "savepoints/archive/")) == models[3]
 
 
 @pytest.mark.parametrize("where", ["savepoints/orders/releases/r7/", "savepoints/orders/data/"])
 def test_gc_keeps_a_to_savepoint_three_levels_under_savepoints(file_store, where):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     life = fresh(file_store, NO_AGE)
     nested = PrefixStore(file_store, where)
     life.savepoint("orders", to=nested)
     result = life.gc()
     assert not [k for k in result.deleted if k.startswith("savepoints/")], result.deleted
-    assert _rows(nested) == models[3]
+    assert savepoint_rows(nested) == models[3]
 
 
 def test_a_to_savepoint_in_a_job_folder_is_refused_or_survives_gc(file_store):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     life = fresh(file_store, NO_AGE)
     inside = PrefixStore(file_store, "jobs/orders/")
     try:
@@ -80,11 +68,11 @@ def test_a_to_savepoint_in_a_job_folder_is_refused_or_survives_gc(file_store):
     except InvalidArgumentError:
         return  # refused: the property holds
     life.gc()
-    assert _rows(inside) == models[3]
+    assert savepoint_rows(inside) == models[3]
 
 
 def test_a_to_savepoint_in_a_checkpoint_folder_does_not_become_a_checkpoint(file_store, clink_pool_run):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     made = clink_pool_run("savepoint", "--store", file_store.uri, "orders", "--to", f"{file_store.uri}/jobs/orders/chk-9")
     if made.exit_code == 2:
         return  # refused: the property holds
@@ -94,25 +82,25 @@ def test_a_to_savepoint_in_a_checkpoint_folder_does_not_become_a_checkpoint(file
 
 
 def test_savepoint_ls_lists_a_to_savepoint_three_levels_under_savepoints(file_store, clink_pool_run):
-    _orders(file_store)
+    orders_job(file_store)
     nested = PrefixStore(file_store, "savepoints/orders/releases/r7/")
     fresh(file_store).savepoint("orders", to=nested)
-    listed = _pool_json(clink_pool_run, "savepoint", "ls", "--store", file_store.uri)["savepoints"]
+    listed = pool_json(clink_pool_run, "savepoint", "ls", "--store", file_store.uri)["savepoints"]
     assert [(sp["location"], sp["complete"]) for sp in listed] == [(nested.uri, True)]
 
 
 def test_gc_and_delete_keep_a_savepoint_nested_in_another_and_the_one_around_it(file_store, clink_pool_run):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     life = fresh(file_store, NO_AGE)
     outer, inner = PrefixStore(file_store, "savepoints/orders/"), PrefixStore(file_store, "savepoints/orders/inner/")
     life.savepoint("orders", 2, to=outer)
     life.savepoint("orders", 3, to=inner)
     life.gc()
-    assert _rows(outer) == models[2] and _rows(inner) == models[3]
-    _pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, inner.uri)
-    assert _rows(outer) == models[2]
+    assert savepoint_rows(outer) == models[2] and savepoint_rows(inner) == models[3]
+    pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, inner.uri)
+    assert savepoint_rows(outer) == models[2]
     life.gc()
-    assert _rows(outer) == models[2]
+    assert savepoint_rows(outer) == models[2]
 
 
 # ---- clink-pool savepoint delete ------------------------------------------------------------------------------------
@@ -123,31 +111,25 @@ def _objects(store, prefix: str) -> list[str]:
     return sorted(o.key for o in store.list(prefix) if not o.key.rsplit("/", 1)[-1].startswith(".clink-"))
 
 
-def _pool_json(clink_pool_run, *args: str, code: int = 0) -> dict:
-    result = clink_pool_run(*args, "-o", "json")
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    return json.loads(result.stdout) if code == 0 else {}
-
-
 def test_delete_of_one_savepoint_leaves_one_whose_name_it_prefixes(file_store, clink_pool_run):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     life = fresh(file_store)
     short = PrefixStore(file_store, "savepoints/orders/savepoint-3-abc/")
     long = PrefixStore(file_store, "savepoints/orders/savepoint-3-abcd/")
     life.savepoint("orders", to=short)
     life.savepoint("orders", to=long)
     before = _objects(file_store, "savepoints/orders/savepoint-3-abcd/")
-    _pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, short.uri)
+    pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, short.uri)
     assert not _objects(file_store, "savepoints/orders/savepoint-3-abc/")
     assert _objects(file_store, "savepoints/orders/savepoint-3-abcd/") == before
-    assert _rows(long) == models[3]
+    assert savepoint_rows(long) == models[3]
 
 
 def test_delete_dry_run_deletes_nothing_and_names_every_object(file_store, clink_pool_run):
-    _orders(file_store)
+    orders_job(file_store)
     info = fresh(file_store).savepoint("orders")
     before = sorted((o.key, o.size) for o in file_store.list(""))
-    doc = _pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, info.location, "--dry-run")
+    doc = pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, info.location, "--dry-run")
     assert sorted((o.key, o.size) for o in file_store.list("")) == before
     under = _objects(file_store, "savepoints/")
     assert sorted(f"savepoints/{info.name}/{k}" for k in doc["would_delete"]) == under and doc["deleted"] == []
@@ -155,33 +137,33 @@ def test_delete_dry_run_deletes_nothing_and_names_every_object(file_store, clink
 
 @pytest.mark.parametrize("form", ["dir", "dir/", "_metadata"])
 def test_delete_is_refused_while_a_job_restored_from_it_holds_its_checkpoint(file_store, clink_pool_run, form):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     info = fresh(file_store).savepoint("orders", name="rel7")
-    _pool_json(clink_pool_run, "restore", "--store", file_store.uri, "orders-v2", "--from-savepoint", "rel7")
+    pool_json(clink_pool_run, "restore", "--store", file_store.uri, "orders-v2", "--from-savepoint", "rel7")
     location = {"dir": info.location, "dir/": info.location + "/", "_metadata": info.location + "/_metadata"}[form]
-    _pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, location, code=4)
-    assert _rows(PrefixStore(file_store, "savepoints/rel7/")) == models[3]
-    doc = _pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, location, "--force")
+    pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, location, code=4)
+    assert savepoint_rows(PrefixStore(file_store, "savepoints/rel7/")) == models[3]
+    doc = pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, location, "--force")
     assert doc["restored_jobs"] == [{"job": "orders-v2", "checkpoint_id": 1}]
     assert not _objects(file_store, "savepoints/rel7/")
     assert scan_checkpoint(file_store, "orders-v2", 1) == models[3]  # the restored job copied its files
 
 
 def test_delete_refusal_holds_when_restore_and_delete_name_the_savepoint_differently(file_store, clink_pool_run, tmp_path, monkeypatch):
-    _orders(file_store)
+    orders_job(file_store)
     fresh(file_store).savepoint("orders", name="rel7")
-    _pool_json(clink_pool_run, "restore", "--store", file_store.uri, "orders-v2", "--from", f"{file_store.uri}/savepoints/rel7/_metadata")
+    pool_json(clink_pool_run, "restore", "--store", file_store.uri, "orders-v2", "--from", f"{file_store.uri}/savepoints/rel7/_metadata")
     monkeypatch.chdir(file_store.root)
-    _pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, "savepoints/rel7", code=4)
-    _pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, "./savepoints//rel7/", code=4)
+    pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, "savepoints/rel7", code=4)
+    pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, "./savepoints//rel7/", code=4)
     assert file_store.exists("savepoints/rel7/_metadata")
 
 
 def test_a_deleted_savepoint_is_no_longer_listed(file_store, clink_pool_run):
-    _orders(file_store)
+    orders_job(file_store)
     info = fresh(file_store).savepoint("orders")
-    _pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, info.location)
-    assert _pool_json(clink_pool_run, "savepoint", "ls", "--store", file_store.uri)["savepoints"] == []
+    pool_json(clink_pool_run, "savepoint", "delete", "--store", file_store.uri, info.location)
+    assert pool_json(clink_pool_run, "savepoint", "ls", "--store", file_store.uri)["savepoints"] == []
 
 
 # ---- the savepoint group and jobs named like its commands -----------------------------------------------------------
@@ -190,15 +172,15 @@ def test_a_deleted_savepoint_is_no_longer_listed(file_store, clink_pool_run):
 @pytest.mark.parametrize("job", ["ls", "delete", "create"])
 def test_a_job_named_like_a_savepoint_command_can_be_saved_with_create(file_store, clink_pool_run, job):
     build_job(PoolCore(file_store), job, 1, random.Random(1))
-    doc = _pool_json(clink_pool_run, "savepoint", "create", "--store", file_store.uri, job)
+    doc = pool_json(clink_pool_run, "savepoint", "create", "--store", file_store.uri, job)
     assert doc["job"] == job and file_store.exists(f"savepoints/{job}/{doc['location'].rsplit('/', 1)[-1]}/_metadata")
-    listed = _pool_json(clink_pool_run, "savepoint", "ls", "--store", file_store.uri, "--job", job)
+    listed = pool_json(clink_pool_run, "savepoint", "ls", "--store", file_store.uri, "--job", job)
     assert [sp["location"] for sp in listed["savepoints"]] == [doc["location"]]
 
 
 def test_options_before_the_job_still_take_a_savepoint(file_store, clink_pool_run):
-    _orders(file_store)
-    doc = _pool_json(clink_pool_run, "savepoint", "--store", file_store.uri, "-c", "2", "orders")
+    orders_job(file_store)
+    doc = pool_json(clink_pool_run, "savepoint", "--store", file_store.uri, "-c", "2", "orders")
     assert doc["checkpoint_id"] == 2
 
 
@@ -206,7 +188,7 @@ def test_options_before_the_job_still_take_a_savepoint(file_store, clink_pool_ru
 
 
 def test_restore_dropping_an_operator_holds_exactly_the_declared_operators_live_rows(store):
-    models = _orders(store, checkpoints=4)
+    models = orders_job(store, checkpoints=4)
     life = fresh(store)
     source = life.checkpoint_location("orders", 4)
     res = life.restorer.restore("orders-v2", source, ["source", "sink"], allow_non_restored_state=True)
@@ -217,7 +199,7 @@ def test_restore_dropping_an_operator_holds_exactly_the_declared_operators_live_
 
 
 def test_restore_dropping_an_operator_from_a_savepoint_and_rescaled_reads(store):
-    models = _orders(store, checkpoints=3)
+    models = orders_job(store, checkpoints=3)
     life = fresh(store)
     info = life.savepoint("orders", name="rel")
     source = life.context.savepoint_location("rel")
@@ -230,7 +212,7 @@ def test_restore_dropping_an_operator_from_a_savepoint_and_rescaled_reads(store)
 
 
 def test_undeclared_state_fails_the_restore_and_writes_nothing(store):
-    _orders(store)
+    orders_job(store)
     life = fresh(store)
     before = sorted(o.key for o in store.list(""))
     with pytest.raises(NonRestoredStateError, match="window"):
@@ -332,11 +314,6 @@ def test_an_operator_whose_state_was_all_erased_does_not_block_a_restore(store):
 # ---- verify: a missing, a corrupt and a truncated file, and the ranges still restorable -------------------------------
 
 
-def _verify(clink_run, location: str) -> tuple[int, dict]:
-    result = clink_run("savepoint", "verify", location, "-o", "json")
-    return result.exit_code, json.loads(result.stdout)
-
-
 def _damage(store, key: str, how: str) -> None:
     data = store.get(key)
     if how == "missing":
@@ -349,21 +326,21 @@ def _damage(store, key: str, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["missing", "corrupt", "truncated"])
 def test_verify_of_a_savepoint_names_the_damaged_file_and_the_ranges_still_restorable(file_store, clink_run, how):
-    _orders(file_store)
+    orders_job(file_store)
     info = fresh(file_store).savepoint("orders", name="rel")
     loc = open_location(info.location)
     upper = next(p for p in loc.manifest.parts if p.kg_lo == 64).layers[0][0]
-    code, doc = _verify(clink_run, info.location)
+    code, doc = verify_json(clink_run, info.location)
     assert code == 0 and doc["restorable_key_groups"] == [[0, 63], [64, 127]] and doc["lost_key_groups"] == []
     _damage(file_store, f"savepoints/rel/{upper}", how)
-    code, doc = _verify(clink_run, info.location + "/_metadata")
+    code, doc = verify_json(clink_run, info.location + "/_metadata")
     assert code == 1
     assert [d["path"] for d in doc["damaged_files"]] == [upper]
     assert doc["restorable_key_groups"] == [[0, 63]] and doc["lost_key_groups"] == [[64, 127]]
 
 
 def test_verify_of_a_rescaled_checkpoint_loses_every_range_that_reads_a_shared_file(file_store, clink_run):
-    _orders(file_store)
+    orders_job(file_store)
     core = PoolCore(file_store)
     quarters = [KeyGroupRange(32 * i, 32 * i + 31) for i in range(4)]
     for kg in quarters:
@@ -373,7 +350,7 @@ def test_verify_of_a_rescaled_checkpoint_loses_every_range_that_reads_a_shared_f
     first = next(p for p in m.parts if p.kg_lo == 0)
     shared = next(x for layer in first.layers for x in layer if sum(x in {y for ly in p.layers for y in ly} for p in m.parts) == 2)
     file_store.delete(f"jobs/orders/{shared}")
-    code, doc = _verify(clink_run, f"{file_store.uri}/jobs/orders/chk-4")
+    code, doc = verify_json(clink_run, f"{file_store.uri}/jobs/orders/chk-4")
     assert code == 1 and [d["path"] for d in doc["damaged_files"]] == [shared]
     if doc["damaged_files"][0]["operator_state"]:  # every range reads the operator state: all of them are lost
         assert doc["lost_key_groups"] == [[32 * i, 32 * i + 31] for i in range(4)] and doc["restorable_key_groups"] == []
@@ -399,7 +376,7 @@ def _counts(model: Model, lo: int, hi: int, with_operator_state: bool) -> int:
 
 
 def test_savepoint_anatomy_counts_each_subtasks_and_operators_live_rows(store):
-    models = _orders(store, checkpoints=4)
+    models = orders_job(store, checkpoints=4)
     info = fresh(store).savepoint("orders")
     doc = json.loads(store.get(f"savepoints/{info.name}/_metadata"))["anatomy"]
     assert doc["rows_counted"] == "live"
@@ -409,7 +386,7 @@ def test_savepoint_anatomy_counts_each_subtasks_and_operators_live_rows(store):
 
 
 def test_anatomy_of_a_job_restored_from_a_savepoint_counts_live_rows(file_store):
-    models = _orders(file_store, checkpoints=4)
+    models = orders_job(file_store, checkpoints=4)
     life = fresh(file_store)
     life.savepoint("orders", name="rel")
     life.restorer.restore("orders-v2", life.context.savepoint_location("rel"))
@@ -420,7 +397,7 @@ def test_anatomy_of_a_job_restored_from_a_savepoint_counts_live_rows(file_store)
 
 
 def test_anatomy_of_a_compacted_checkpoint_with_two_parts_counts_live_rows(file_store):
-    models = _orders(file_store, checkpoints=4)
+    models = orders_job(file_store, checkpoints=4)
     fresh(file_store).compact("orders", 4, force=True)
     doc = json.loads(file_store.get(metadata_key("orders", 4)))["anatomy"]
     assert doc["rows_counted"] == "live"
@@ -429,7 +406,7 @@ def test_anatomy_of_a_compacted_checkpoint_with_two_parts_counts_live_rows(file_
 
 
 def test_info_only_fields_of_a_copied_savepoint_are_never_used(file_store, tmp_path, clink_run):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     info = fresh(file_store).savepoint("orders", name="rel")
     copy = tmp_path / "copied" / "release 7"
     shutil.copytree(file_store.root / "savepoints" / "rel", copy)
@@ -439,7 +416,7 @@ def test_info_only_fields_of_a_copied_savepoint_are_never_used(file_store, tmp_p
     (copy / "_metadata").write_text(json.dumps(doc))
     (file_store.root / "savepoints" / "rel").rename(tmp_path / "moved-away")  # the original is gone
     loc = open_location(str(copy))
-    assert _rows(loc.directory) == models[3] and info.rows == len(models[3])
+    assert savepoint_rows(loc.directory) == models[3] and info.rows == len(models[3])
     result = clink_run("savepoint", "inspect", copy.as_uri(), "-o", "json")
     assert result.exit_code == 0, result.stderr
     shown = json.loads(result.stdout)
@@ -451,7 +428,7 @@ def test_info_only_fields_of_a_copied_savepoint_are_never_used(file_store, tmp_p
 
 @pytest.mark.parametrize("form", ["path", "path/", "path/_metadata", "uri", "uri/_metadata/", "relative", "dotdot"])
 def test_every_spelling_of_a_local_savepoint_location_opens_the_same_savepoint(file_store, tmp_path, monkeypatch, form):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     target = tmp_path / "arch ive" / "rel7"
     target.mkdir(parents=True)
     fresh(file_store).savepoint("orders", to=FileStore(target))
@@ -467,27 +444,27 @@ def test_every_spelling_of_a_local_savepoint_location_opens_the_same_savepoint(f
     }[form]
     loc = open_location(spelled)
     assert (loc.kind, loc.uri) == ("savepoint", FileStore(target).uri)
-    assert _rows(loc.directory) == models[3]
+    assert savepoint_rows(loc.directory) == models[3]
 
 
 def test_a_savepoint_at_an_s3_bucket_root_opens_by_bucket_uri_and_by_its_metadata(make_s3_store, s3_config):
     source = make_s3_store(prefix="pool")
-    models = _orders(source)
+    models = orders_job(source)
     bucket_root = make_s3_store(prefix="")
     fresh(source).savepoint("orders", to=bucket_root)
     bucket = bucket_root.uri.removeprefix("s3://").strip("/").split("/")[0]
     for spelled in (f"s3://{bucket}", f"s3://{bucket}/", f"s3://{bucket}/_metadata"):
         loc = open_location(spelled, s3_config)
-        assert loc.kind == "savepoint" and _rows(loc.directory) == models[3], spelled
+        assert loc.kind == "savepoint" and savepoint_rows(loc.directory) == models[3], spelled
 
 
 def test_a_savepoint_written_to_a_directory_named_like_a_checkpoint_opens_as_that_savepoint(file_store, tmp_path):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     target = tmp_path / "archive" / "jobs" / "orders" / "chk-3"
     target.mkdir(parents=True)
     fresh(file_store).savepoint("orders", to=FileStore(target))
     loc = open_location(str(target))
-    assert _rows(loc.directory) == models[3]
+    assert savepoint_rows(loc.directory) == models[3]
 
 
 # ---- the RPC: a job's savepoint stays under savepoints/<job>/ ----------------------------------------------------------
@@ -506,7 +483,7 @@ def stub(file_store):
 
 @pytest.mark.parametrize("name", ["../up", "a/b", "/abs", "data", "_metadata", "..", "s3://b/x", "x\\..\\y", " "])
 def test_an_rpc_savepoint_name_cannot_leave_its_jobs_folder(file_store, stub, name):
-    _orders(file_store)
+    orders_job(file_store)
     build_job(PoolCore(file_store), "other", 1, random.Random(2))
     with pytest.raises(grpc.RpcError) as raised:
         stub.Savepoint(pb.SavepointRequest(job="orders", name=name), timeout=30)
@@ -515,10 +492,10 @@ def test_an_rpc_savepoint_name_cannot_leave_its_jobs_folder(file_store, stub, na
 
 
 def test_an_unnamed_rpc_savepoint_lands_under_its_job_and_reads_back(file_store, stub):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     sp = stub.Savepoint(pb.SavepointRequest(job="orders"), timeout=30)
     assert sp.location.startswith("savepoints/orders/savepoint-3-") and sp.location.endswith("/")
-    assert _rows(PrefixStore(file_store, sp.location)) == models[3]
+    assert savepoint_rows(PrefixStore(file_store, sp.location)) == models[3]
 
 
 # ---- import: parallelism out of range writes nothing ------------------------------------------------------------------
@@ -568,15 +545,15 @@ def test_a_paused_restore_publishes_nothing_gc_may_have_deleted(drop):
 
 
 def test_verify_accepts_a_checkpoint_metadata_uri_with_a_trailing_slash_as_inspect_does(file_store, clink_run):
-    _orders(file_store)
+    orders_job(file_store)
     location = f"{file_store.uri}/jobs/orders/chk-3/_metadata/"
     assert clink_run("savepoint", "inspect", location).exit_code == 0
-    code, doc = _verify(clink_run, location)
+    code, doc = verify_json(clink_run, location)
     assert code == 0 and doc["passed"]
 
 
 def test_a_checkpoint_folder_spelled_with_a_double_slash_opens_that_checkpoint(file_store):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     loc = open_location(f"{file_store.uri}/jobs/orders//chk-3")
     assert loc.uri == f"{file_store.uri}/jobs/orders/chk-3"
     assert table_dict(fresh(file_store).read_table(CheckpointReader(loc.store, loc.job, SegmentCache(1 << 20)), loc.manifest)) == models[3]
@@ -597,13 +574,13 @@ def test_savepoint_and_drop_of_a_job_with_uneven_ranges_committed_out_of_order_e
             commit(core, "odd", cid, cid - 1, kg, epochs[i], rows)
     life = fresh(file_store)
     info = life.savepoint("odd", name="sp")
-    assert info.parallelism == 3 and _rows(PrefixStore(file_store, "savepoints/sp/")) == model
+    assert info.parallelism == 3 and savepoint_rows(PrefixStore(file_store, "savepoints/sp/")) == model
     life.restorer.restore("odd-v2", life.context.savepoint_location("sp"), ["window"], allow_non_restored_state=True)
     assert scan_checkpoint(file_store, "odd-v2", 1) == {k: v for k, v in model.items() if k[0] == WINDOW}
 
 
 def test_a_restore_that_drops_every_operator_starts_empty_and_takes_commits(file_store):
-    _orders(file_store)
+    orders_job(file_store)
     life = fresh(file_store)
     res = life.restorer.restore("blank", life.checkpoint_location("orders"), ["renamed"], allow_non_restored_state=True)
     assert set(res.dropped) == set(OP_IDS.values()) and res.declared_without_state == {"renamed": s.operator_id("renamed")}
@@ -618,7 +595,7 @@ def test_a_restore_that_drops_every_operator_starts_empty_and_takes_commits(file
 
 @pytest.mark.parametrize("path", ["data/../../../jobs/orders/writers", "../../jobs/orders/writers", "/etc/passwd"])
 def test_delete_of_a_savepoint_whose_metadata_names_a_file_outside_it_deletes_nothing(file_store, clink_pool_run, path):
-    _orders(file_store)
+    orders_job(file_store)
     info = fresh(file_store).savepoint("orders", name="rel")
     doc = json.loads(file_store.get("savepoints/rel/_metadata"))
     doc["files"][0]["path"] = path
@@ -667,7 +644,7 @@ def test_a_backend_restores_a_job_that_omits_an_operator_named_without_state(add
 
 @pytest.mark.parametrize("damage", ["truncated", "newer"])
 def test_inspect_of_a_named_savepoint_with_a_damaged_or_newer_metadata_says_so(file_store, clink_pool_run, damage):
-    _orders(file_store)
+    orders_job(file_store)
     fresh(file_store).savepoint("orders", name="rel")
     data = file_store.get("savepoints/rel/_metadata")
     if damage == "truncated":
@@ -692,7 +669,7 @@ def _fail() -> None:
     [False, True],
 )
 def test_a_restore_failing_after_its_first_file_can_be_run_again(file_store, drop):
-    models = _orders(file_store)
+    models = orders_job(file_store)
     hooked = HookStore(file_store)
     hooked.on("put_if_absent", "jobs/orders-v2/data/", _fail, skip=1)
     uids = ["source", "sink"] if drop else None
@@ -708,7 +685,7 @@ def test_a_restore_failing_after_its_first_file_can_be_run_again(file_store, dro
 
 def test_an_s3_location_is_not_satisfied_by_a_sibling_prefix_that_extends_its_name(make_s3_store, s3_config):
     source = make_s3_store(prefix="pool")
-    _orders(source)
+    orders_job(source)
     sibling = make_s3_store(prefix="archive/rel72")
     bucket = sibling.uri.removeprefix("s3://").split("/")[0]
     fresh(source).savepoint("orders", to=sibling)
@@ -733,7 +710,7 @@ def test_import_refuses_rows_in_the_wrong_key_group_and_writes_nothing(file_stor
 
 
 def test_target_store_without_a_name_writes_there_or_is_refused(file_store, make_file_store, clink_pool_run):
-    _orders(file_store)
+    orders_job(file_store)
     archive = make_file_store("archive")
     result = clink_pool_run("savepoint", "--store", file_store.uri, "orders", "--target-store", archive.uri)
     if result.exit_code == 2:

@@ -30,7 +30,8 @@ def manifests(draw) -> Manifest:
         for j in range(draw(st.integers(1, 3))):
             segs = tuple(s for s in draw(st.lists(segments(), max_size=6)) if s.operator or (lo <= s.kg_lo and s.kg_hi <= hi))
             path = f"data/{i}-{j}.arrow"
-            files.append(DataFile(path, "base", lo, hi, sum(s.rows for s in segs), sum(s.length for s in segs), "0" * 64, segs))
+            size, rows = sum(s.length for s in segs), sum(s.rows for s in segs)
+            files.append(DataFile(path, "base", lo, hi, rows, size, "0" * 64, segs, as_of=draw(st.integers(1, 4))))
             layers.append((path,))
         parts.append(Part(lo, hi, 1, 0, tuple(layers)))
     return Manifest(MANIFEST_FORMAT, "j", 2, 1, 0, (), "", tuple(parts), tuple(files))
@@ -50,14 +51,15 @@ def expected_subtask(m: Manifest, part: Part) -> tuple[int, int]:
     own = [m.file(p) for layer in part.layers for p in layer]
     op_rows = sum(s.rows for f in own for s in f.segments if s.operator)
     op_bytes = sum(s.length for f in own for s in f.segments if s.operator)
-    if all(len(p.layers) == 1 for p in m.parts) and part is not first_holding_operator_state(m):
-        op_rows = op_bytes = 0  # one base per part, as compaction writes: each repeats the operator state, counted once
+    if all(len(p.layers) == 1 for p in m.parts) and part.layers[0][0] != newest_base(m):
+        op_rows = op_bytes = 0  # one base per part, as compaction writes: readers take the operator state of the newest only
     return round(rows) + op_rows, round(size) + op_bytes
 
 
-def first_holding_operator_state(m: Manifest) -> Part | None:
-    parts = sorted(m.parts, key=lambda p: p.kg_lo)
-    return next((p for p in parts if any(s.operator for layer in p.layers for x in layer for s in m.file(x).segments)), None)
+def newest_base(m: Manifest) -> str:
+    """The base a reader takes the operator state from: the first, in part order, of the newest checkpoint."""
+    bases = [m.file(x) for p in m.parts for layer in p.layers for x in layer]
+    return next(f.path for f in bases if f.as_of == max(b.as_of or 0 for b in bases))
 
 
 @settings(max_examples=200, deadline=None)
