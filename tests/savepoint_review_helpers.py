@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import random
 
+import snapshot as s
+from client import BackendConfig, RemoteReadBackend
 from pool.core import PoolCore
 from pool.lifecycle import LifecycleConfig
 from store.checkpoint import CheckpointReader
 from store.locations import open_directory
 from tests.lifecycle_helpers import build_job, fresh, table_dict
-from tests.pool_core_helpers import Model
+from tests.pool_core_helpers import Model, keyed
 
 NO_AGE = LifecycleConfig(gc_min_age_s=0)
 
@@ -38,3 +40,13 @@ def verify_json(clink_run, location: str) -> tuple[int, dict]:
     """``clink savepoint verify LOCATION -o json``: (exit code, report)."""
     result = clink_run("savepoint", "verify", location, "-o", "json")
     return result.exit_code, json.loads(result.stdout)
+
+
+def backend_checkpoint(address: str, job: str, named: list[str], with_rows: list[str]) -> None:
+    """Checkpoint 1 of ``job`` by a backend that registers ``named`` operators and writes one row of each in ``with_rows``."""
+    with RemoteReadBackend.connect(address, job, config=BackendConfig(warm_up="off")) as writer:
+        for uid in named:
+            writer.register_operator(uid)
+        for uid in with_rows:
+            writer.put(s.operator_id(uid), keyed(uid), uid.encode())
+        assert writer.snapshot(1).checkpoint.complete

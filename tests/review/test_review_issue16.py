@@ -30,7 +30,7 @@ from tests.client_fixtures import serving, start_pool
 from tests.hook_store import HookStore
 from tests.lifecycle_helpers import build_job, delta_for, fresh, scan_checkpoint, table_dict
 from tests.pool_core_helpers import OP_IDS, Model, apply, commit, keyed, keys_in_range
-from tests.savepoint_review_helpers import NO_AGE, orders_job, pool_json, savepoint_rows, verify_json
+from tests.savepoint_review_helpers import NO_AGE, backend_checkpoint, orders_job, pool_json, savepoint_rows, verify_json
 
 SOURCE, WINDOW, SINK = OP_IDS["source"], OP_IDS["window"], OP_IDS["sink"]
 
@@ -615,24 +615,15 @@ def address(file_store):
         yield served
 
 
-def _backend_checkpoint(address: str, job: str, named: list[str], with_rows: list[str]) -> None:
-    with RemoteReadBackend.connect(address, job, config=BackendConfig(warm_up="off")) as writer:
-        for uid in named:
-            writer.register_operator(uid)
-        for uid in with_rows:
-            writer.put(s.operator_id(uid), keyed(uid), uid.encode())
-        assert writer.snapshot(1).checkpoint.complete
-
-
 def test_the_pool_restores_a_job_that_omits_an_operator_named_without_state(file_store, address):
-    _backend_checkpoint(address, "named", ["agg", "sideline"], ["agg"])
+    backend_checkpoint(address, "named", ["agg", "sideline"], ["agg"])
     life = fresh(file_store)
     res = life.restorer.restore("named-v2", life.checkpoint_location("named"), ["agg"])
     assert res.dropped == {} and scan_checkpoint(file_store, "named-v2", 1) == {(s.operator_id("agg"), keyed("agg")): b"agg"}
 
 
 def test_a_backend_restores_a_job_that_omits_an_operator_named_without_state(address):
-    _backend_checkpoint(address, "named", ["agg", "sideline"], ["agg"])
+    backend_checkpoint(address, "named", ["agg", "sideline"], ["agg"])
     with RemoteReadBackend.connect(address, "named", config=BackendConfig(warm_up="off")) as b:
         b.register_operator("agg")
         restored = b.restore()

@@ -28,7 +28,7 @@ from tests.client_fixtures import serving
 from tests.hook_store import HookStore
 from tests.lifecycle_helpers import HALVES, build_job, delta_for, fresh, scan_checkpoint, table_dict
 from tests.pool_core_helpers import OP_IDS, Model, apply, commit, keyed, keys_in_range, op_key
-from tests.savepoint_review_helpers import NO_AGE, orders_job, pool_json, savepoint_rows, verify_json
+from tests.savepoint_review_helpers import NO_AGE, backend_checkpoint, orders_job, pool_json, savepoint_rows, verify_json
 
 
 def _raw_put(s3_store, key: str, data: bytes) -> None:
@@ -473,15 +473,6 @@ def old_pool(monkeypatch):
     monkeypatch.setattr(pool.wire.pb, "OperatorInfo", lambda op_id, uid, without_state=False: real(op_id=op_id, uid=uid))
 
 
-def _backend_checkpoint(address: str, job: str, named: list[str], with_rows: list[str]) -> None:
-    with RemoteReadBackend.connect(address, job, config=BackendConfig(warm_up="off")) as writer:
-        for uid in named:
-            writer.register_operator(uid)
-        for uid in with_rows:
-            writer.put(s.operator_id(uid), keyed(uid), uid.encode())
-        assert writer.snapshot(1).checkpoint.complete
-
-
 def _restore(address: str, job: str, declared: list[str]):
     with RemoteReadBackend.connect(address, job, config=BackendConfig(warm_up="off")) as b:
         for uid in declared:
@@ -493,7 +484,7 @@ def _restore(address: str, job: str, declared: list[str]):
 def test_a_backend_never_restores_without_declaring_an_operator_that_holds_state(address, request, pool_age):
     if pool_age == "older pool":
         request.getfixturevalue("old_pool")
-    _backend_checkpoint(address, "named", ["agg", "sideline"], ["agg"])
+    backend_checkpoint(address, "named", ["agg", "sideline"], ["agg"])
     with pytest.raises(NonRestoredStateError) as err:
         _restore(address, "named", ["sideline"])
     assert s.operator_id("agg") in err.value.operators
@@ -501,7 +492,7 @@ def test_a_backend_never_restores_without_declaring_an_operator_that_holds_state
 
 
 def test_a_backend_of_an_older_pool_refuses_an_undeclared_operator_named_without_state_as_before(address, old_pool):
-    _backend_checkpoint(address, "named", ["agg", "sideline"], ["agg"])
+    backend_checkpoint(address, "named", ["agg", "sideline"], ["agg"])
     with pytest.raises(NonRestoredStateError) as err:
         _restore(address, "named", ["agg"])
     assert set(err.value.operators) == {s.operator_id("sideline")}
