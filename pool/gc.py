@@ -221,10 +221,8 @@ class GarbageCollector:
         out: list[Path] = []
         root = self.context.store.root
         temp_dirs = [root / FILE_STORE_TMP_DIR]  # and those of savepoints written to a folder of the store (--to)
-        temp_dirs += [Path(d) for d, names, _ in os.walk(root / SAVEPOINTS) if FILE_STORE_TMP_DIR in names and Path(d) != root]
+        temp_dirs += [Path(d) / FILE_STORE_TMP_DIR for d, names, _ in os.walk(root / SAVEPOINTS) if FILE_STORE_TMP_DIR in names]
         for temp_dir in temp_dirs:
-            if temp_dir.name != FILE_STORE_TMP_DIR:
-                temp_dir = temp_dir / FILE_STORE_TMP_DIR
             if not temp_dir.is_dir():  # a store nothing was written to yet has no temp folder
                 continue
             for path in temp_dir.iterdir():

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from pool.lifecycle_context import LifecycleContext
@@ -111,7 +112,7 @@ class Restorer:
         new_job = self.context.job(new_job)
         manifest = source.manifest
         declared = {operator_id(uid): uid for uid in uids or ()}
-        held = self._operators_with_state(source, declared)
+        held, live = self._operators_with_state(source, declared)
         without_state = {uid: op for op, uid in declared.items() if op not in held}
         undeclared = {op: uid for op, uid in held.items() if op not in declared} if declared else {}
         if undeclared and not allow_non_restored_state:
@@ -150,8 +151,11 @@ class Restorer:
             fold = bool(undeclared) or bool(set(operators_with_state(manifest)) - set(held))
             if fold:  # the kept operators' rows folded into new files, one per part, each part written as its file lands
                 kept = [op for op in held if op not in undeclared]
-                reader = CheckpointReader(source.store, manifest.job, self.context.cache)
-                table = reader.read_manifest_table(manifest, op_ids=kept) if kept else empty_table()
+                if live is not None:  # read already to judge the operators: keep the kept ones' rows
+                    table = live.filter(pc.is_in(live.column("op_id"), pa.array(kept, pa.uint64())))
+                else:
+                    reader = CheckpointReader(source.store, manifest.job, self.context.cache)
+                    table = reader.read_manifest_table(manifest, op_ids=kept) if kept else empty_table()
                 fold_put_at = [self.context.clock()]
 
                 def before_put(path: str) -> None:
@@ -172,6 +176,7 @@ class Restorer:
                 # part by part: each part is written right after its files, so GC sees every copy referenced soon after it
                 # lands; a part whose copying takes long is covered meanwhile by holding parts (epochs no writer ever gets)
                 oldest: float | None = None
+                what = f"copying the files of key groups {source_part.kg_lo}-{source_part.kg_hi}"
                 for path in [x for layer in source_part.layers for x in layer if x not in renamed]:
                     entry = manifest.file(path)
                     try:
@@ -193,11 +198,8 @@ class Restorer:
                     if self.context.clock() - oldest > max_write_s / 2:
                         holds += 1
                         written.append(self._hold(new_job, source_part, epoch - holds, created, manifest, copied))
-                        self._referenced_in_time(
-                            oldest, f"copying the files of key groups {source_part.kg_lo}-{source_part.kg_hi}", new_job
-                        )
+                        self._referenced_in_time(oldest, what, new_job)
                         oldest = None
-                what = f"copying the files of key groups {source_part.kg_lo}-{source_part.kg_hi}"
                 if oldest is not None:
                     self._referenced_in_time(oldest, what, new_job)
                 part = Part(
@@ -247,8 +249,9 @@ class Restorer:
                 f"one meanwhile); the restore into {new_job} was undone, run it again"
             )
 
-    def _operators_with_state(self, source: StateLocation, declared: dict[int, str]) -> dict[int, str | None]:
-        """op_id -> uid of the operators whose live rows the source holds, as exactly as the check of ``declared`` needs.
+    def _operators_with_state(self, source: StateLocation, declared: dict[int, str]) -> tuple[dict[int, str | None], pa.Table | None]:
+        """op_id -> uid of the operators whose live rows the source holds, as exactly as the check of ``declared`` needs;
+        and the live rows when they had to be read (None: not read).
 
         From _metadata when it knows: every file counts its operators and each part is one layer. Otherwise (files
         written before manifest version 4, or delta layers whose rows may all be erased) the live rows are read.
@@ -258,11 +261,10 @@ class Restorer:
         counted = all(f.operators is not None for f in manifest.files)
         layered = any(len(p.layers) > 1 for p in manifest.parts) or any(f.kind != KIND_BASE for f in manifest.files)
         if not declared or (counted and not (layered and set(held) - set(declared))):
-            return held
-        reader = CheckpointReader(source.store, manifest.job, self.context.cache)
-        live = reader.read_manifest_table(manifest).column("op_id")
+            return held, None
+        live = CheckpointReader(source.store, manifest.job, self.context.cache).read_manifest_table(manifest)
         uids = {op: uid for op, uid in manifest.operators}
-        return {op: uids.get(op) or None for op in sorted(pc.unique(live).to_pylist())}
+        return {op: uids.get(op) or None for op in sorted(pc.unique(live.column("op_id")).to_pylist())}, live
 
     def _write_part(
         self,

@@ -158,7 +158,6 @@ class Savepoints:
         """
         job = self.context.job(job)
         if to is not None:
-            check_savepoint_directory(self.context.store, to)
             directory, label = to, name or to.uri.rstrip("/").rsplit("/", 1)[-1]
             taken = f"a savepoint exists already at {directory.uri}; choose another location (savepoints are never replaced)"
         if to is None and name is not None:  # names are checked before anything is read
@@ -170,8 +169,7 @@ class Savepoints:
                 label = job_savepoint_name(job, f"savepoint-{manifest.checkpoint_id}-{secrets.token_hex(3)}")
             directory = PrefixStore(target_store or self.context.store, savepoint_prefix(label))
             taken = f"savepoint {label!r} already exists in {(target_store or self.context.store).uri}; choose another name (savepoints are never replaced)"
-        if target_store is not None:  # another store may be this one under another prefix: its layout is off limits too
-            check_savepoint_directory(self.context.store, directory)
+        check_savepoint_directory(self.context.store, directory)  # --to or --target-store may be this store's own layout
         if directory.exists(SAVEPOINT_MANIFEST):
             raise ConflictError(taken)
         table = reader.read_manifest_table(manifest)

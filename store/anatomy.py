@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from snapshot import NUM_KEY_GROUPS, StateVersionMap
+from store.datafile import operator_state_sources
 
 if TYPE_CHECKING:
     from store.manifest import Manifest
@@ -39,18 +40,14 @@ def _per_key_group(m: Manifest) -> tuple[np.ndarray, np.ndarray]:
 
 
 def operator_state_files(m: Manifest) -> set[str] | None:
-    """Paths of the files whose operator state a reader reads, as CheckpointReader.operator_view picks them: the newest
-    base (each holds the whole view as of its checkpoint) and the newer deltas holding some; None when a file predates
-    as_of (then any may be read). Older bases, and the bases of other parts of the same checkpoint, only repeat it.
+    """Paths of the files whose operator state a reader reads (store.datafile.operator_state_sources, as the reader picks
+    them); None when a file predates as_of (then any may be read).
     """
-    entries = {path: m.file(path) for p in m.parts for layer in p.layers for path in layer}
-    if any(e.as_of is None for e in entries.values()):
+    entries = list({path: m.file(path) for p in m.parts for layer in p.layers for path in layer}.values())
+    if any(e.as_of is None for e in entries):
         return None
-    bases = [e for e in entries.values() if not e.changelog]
-    start = max((e.as_of for e in bases if e.as_of is not None), default=None)
-    read = {next(e.path for e in bases if e.as_of == start)} if start is not None else set()
-    holding = [e for e in entries.values() if e.changelog and any(s.operator for s in e.segments)]
-    return read | {e.path for e in holding if start is None or (e.as_of is not None and e.as_of > start)}
+    newest, deltas = operator_state_sources(entries)
+    return {e.path for e in deltas} | ({newest.path} if newest is not None else set())
 
 
 def _repeated_operator_state(m: Manifest) -> set[str]:

@@ -38,7 +38,16 @@ from store.assembly import (
     pieces_of_op_ids,
 )
 from store.block_index import BlockIndex, IndexTop, parse_index_top, parse_partition
-from store.datafile import DataFile, Segment, decode_blocks, decode_segment, verify_block, verify_file, verify_segment
+from store.datafile import (
+    DataFile,
+    Segment,
+    decode_blocks,
+    decode_segment,
+    operator_state_sources,
+    verify_block,
+    verify_file,
+    verify_segment,
+)
 from store.layout import checkpoint_prefix, checkpoints_prefix, job_file_key, metadata_key, parse_job_key, writers_key
 from store.manifest import Manifest, Part, ordered_layers, parse_manifest
 from store.objects import ObjectStore, coalesce_ranges
@@ -72,12 +81,6 @@ def _keyed_segments(entry: DataFile) -> tuple[list[Segment], np.ndarray, np.ndar
     """A file's keyed segments and their key-group bounds as arrays."""
     segs = [s for s in entry.segments if not s.operator]
     return segs, np.fromiter((s.kg_lo for s in segs), np.int64, len(segs)), np.fromiter((s.kg_hi for s in segs), np.int64, len(segs))
-
-
-def _dated(entry: DataFile) -> int:
-    """The as_of of a file written since as_of exists (``_recent_operator_rows`` is given only those)."""
-    assert entry.as_of is not None, entry.path
-    return entry.as_of
 
 
 def find_in_block(table: pa.Table, keys: Sequence[bytes] | pa.Array, ops: np.ndarray) -> np.ndarray:
@@ -510,15 +513,11 @@ class CheckpointReader:
         Each file counts once however many parts name it. Deltas of one checkpoint (one per writing subtask) are combined by
         the format's rule: their puts merged (lowest key groups first), an erase applies where no subtask put the key.
         """
-        bases = [e for e in entries if not e.changelog]
-        start = max((_dated(e) for e in bases), default=None)
+        newest, deltas = operator_state_sources(entries)
         acc = start_table if start_table is not None else empty_table()
-        if start is not None:
-            newest = next(e for e in bases if e.as_of == start)  # bases of one checkpoint hold the same operator view
+        if newest is not None:
             rows = self._operator_rows(newest)
             acc = rows if rows is not None else acc
-        deltas = [e for e in entries if e.changelog and (start is None or _dated(e) > start) and any(s.operator for s in e.segments)]
-        deltas.sort(key=lambda e: (e.as_of, e.kg_lo))
         for _, same in itertools.groupby(deltas, key=lambda e: e.as_of):
             tables = [t for t in (self._operator_rows(e) for e in same) if t is not None]
             acc = overlay(acc, merge_same_checkpoint(tables))

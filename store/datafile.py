@@ -342,6 +342,24 @@ def operator_stats(
     )
 
 
+def operator_state_sources(entries: list[DataFile]) -> tuple[DataFile | None, list[DataFile]]:
+    """Of a checkpoint's dated files (each once, in part order), those whose operator state a reader takes: the newest
+    base (each base holds the whole operator view as of its checkpoint, so the first of that checkpoint serves) and the
+    deltas after it that hold some, ordered by (as_of, kg_lo). Older bases and the other parts' copies only repeat it.
+    """
+    bases = [e for e in entries if not e.changelog]
+    start = max((_dated(e) for e in bases), default=None)
+    newest = next((e for e in bases if e.as_of == start), None)
+    deltas = [e for e in entries if e.changelog and (start is None or _dated(e) > start) and any(s.operator for s in e.segments)]
+    return newest, sorted(deltas, key=lambda e: (_dated(e), e.kg_lo))
+
+
+def _dated(entry: DataFile) -> int:
+    """The as_of of a file written since as_of exists (operator_state_sources is given only those)."""
+    assert entry.as_of is not None, entry.path
+    return entry.as_of
+
+
 def _remove(path: Path) -> None:
     path.unlink(missing_ok=True)
 

@@ -162,12 +162,11 @@ def savepoint_folders(keys: Iterable[str]) -> tuple[list[str], list[str]]:
     published = sorted({k[len(SAVEPOINTS) : -len(suffix)] for k in keys if k.startswith(SAVEPOINTS) and k.endswith(suffix)} - {""})
     published_set = set(published)
     unpublished = {name for key in keys if (name := savepoint_of(key)) is not None and savepoint_holding(key, published_set) is None}
-    return published, sorted(unpublished - set(published))
+    return published, sorted(unpublished - published_set)
 
 
-def savepoint_holding(key: str, published: Iterable[str]) -> str | None:
-    """The innermost of the ``published`` savepoint folders (relative to savepoints/) that ``key`` lies in, if any."""
-    folders = published if isinstance(published, (set, frozenset)) else set(published)
+def savepoint_holding(key: str, folders: set[str]) -> str | None:
+    """The innermost of the published savepoint ``folders`` (relative to savepoints/) that ``key`` lies in, if any."""
     parts = key[len(SAVEPOINTS) :].split("/")[:-1] if key.startswith(SAVEPOINTS) else []
     return next((name for i in range(len(parts), 0, -1) if (name := "/".join(parts[:i])) in folders), None)
 
