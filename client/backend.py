@@ -31,9 +31,11 @@ from client.errors import (
     NotFoundError,
     UnavailableError,
 )
+from client.live_export import LiveExport, LiveExportConfig
 from client.pool_client import CheckpointInfo, CommitResult, PoolClient, PoolClientConfig
 from client.warm import WarmTable, check_warm_mode, format_groups, plan_warm_up, table_of_scan
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
+from snapshot.format import operators_metadata
 from snapshot.key_index import hash_keys
 from snapshot.names import validate_job
 
@@ -308,6 +310,7 @@ class RemoteReadBackend:
         self.closed = False
         self.last_commit: CommitResult | None = None
         self.latest_checkpoint_at_connect = 0
+        self.live_export: LiveExport | None = None  # set by serve_live_export
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -343,6 +346,9 @@ class RemoteReadBackend:
 
     def close(self) -> None:
         """Drop local state and close the channel (if this backend opened it); unsaved writes are lost."""
+        live, self.live_export = self.live_export, None
+        if live is not None:
+            live.stop(withdraw=not self.closed)  # before the channel goes: the pool forgets this subtask at once
         with self._lock:
             self.closed = True
             self._delta, self._shipping, self._pending = Delta(), Delta(), []
@@ -1117,6 +1123,8 @@ class RemoteReadBackend:
         self._read_etag = etag
         self._base = base
         self._parent_id = base or 0
+        if self.live_export is not None:
+            self.live_export.wake()  # announce the new range and epoch now
 
     # -- warm-up ------------------------------------------------------------------------------------
 
@@ -1199,6 +1207,20 @@ class RemoteReadBackend:
             return tables[0]
         return snapshot.replay_changelog(pa.concat_tables(tables))
 
+    def serve_live_export(self, host: str = "127.0.0.1", port: int = 0, config: LiveExportConfig | None = None) -> str:
+        """Serve this subtask's live state (export_arrow_snapshot) at GET /state.arrow and announce it to the pool.
+
+        Returns the URL; readers send ``Authorization: Bearer <backend.live_export.token>``. The pool's
+        ``GET /jobs/JOB/state.arrow?live=1`` merges every announced subtask. The announcement is renewed every
+        ttl/3 and goes when the backend closes, is fenced (a newer writer of its range), or stops renewing.
+        """
+        self._check_open()
+        if self.live_export is not None:
+            raise InvalidArgumentError(f"this backend already serves its live export at {self.live_export.url}")
+        config = config or LiveExportConfig(host=host, port=port)
+        self.live_export = LiveExport(self, config)
+        return self.live_export.url
+
     def export_arrow_snapshot(self) -> bytes:
         """The canonical snapshot stream of this range: the pool's scan with every local change overlaid."""
         return self._again_if_moved_on(self._export)
@@ -1212,7 +1234,8 @@ class RemoteReadBackend:
         lo, hi = self.key_groups
         if checkpoint is None:
             table = snapshot.filter_key_groups(snapshot.canonical_from_changelog(changes), lo, hi)
-            blob = snapshot.SnapshotArrowWriter(self.state_versions).write(table)
+            # the uids travel with the rows, as in a pool's scan, so tools name operators
+            blob = snapshot.SnapshotArrowWriter(self.state_versions, operators_metadata(self._operators)).write(table)
         else:
             delta = snapshot.SnapshotArrowWriter(self.state_versions, changelog=True).write(changes) if changes.num_rows else b""
             if len(delta) <= INLINE_SCAN_DELTA_BYTES:

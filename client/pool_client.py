@@ -587,3 +587,24 @@ class PoolClient:
             lambda: self._stub.CollectGarbage(req, timeout=deadline_s or self.config.commit_deadline_s, metadata=self._metadata),
         )
         return GcInfo(dry_run, tuple(resp.deleted), resp.deleted_bytes, resp.listed_objects, resp.referenced, resp.too_young)
+
+    # -- live export ----------------------------------------------------------------------------------
+
+    def announce_live_export(self, job: str, key_groups: KeyGroups, epoch: int, url: str, token: str, ttl_s: int) -> int:
+        """Tell the pool that the writer of ``key_groups`` at ``epoch`` serves its live state at ``url``; the expiry in ms."""
+        job = validate_job(job)
+        req = pb.AnnounceLiveExportRequest(job=job, key_groups=_range(key_groups), epoch=epoch, url=url, token=token, ttl_seconds=ttl_s)
+        resp = self._call(
+            f"announce the live export of job {job} key groups {key_groups[0]}-{key_groups[1]}",
+            lambda: self._stub.AnnounceLiveExport(req, timeout=self._deadline(), metadata=self._metadata),
+        )
+        return int(resp.expires_at_ms)
+
+    def withdraw_live_export(self, job: str, key_groups: KeyGroups, epoch: int) -> None:
+        """Withdraw that announcement (a subtask closing)."""
+        job = validate_job(job)
+        req = pb.WithdrawLiveExportRequest(job=job, key_groups=_range(key_groups), epoch=epoch)
+        self._call(
+            f"withdraw the live export of job {job} key groups {key_groups[0]}-{key_groups[1]}",
+            lambda: self._stub.WithdrawLiveExport(req, timeout=self._deadline(), metadata=self._metadata),
+        )

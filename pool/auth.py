@@ -253,6 +253,8 @@ METHOD_ACCESS: dict[str, str] = {
     "UnpinCheckpoint": READ,
     "CompactCheckpoint": WRITE,
     "CollectGarbage": WRITE,
+    "AnnounceLiveExport": WRITE,  # a writer of the job says where its live state is served
+    "WithdrawLiveExport": WRITE,
 }
 
 

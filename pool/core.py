@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from pool.budget import COMMIT_WORKING_FACTOR, Holding, MemoryBudget
 from pool.domain import MAX_CHECKPOINT_ID, CheckpointInfo, CommitRequest, CommitResult, KeyGroupRange, PoolConfig
+from pool.live_exports import LiveExports
 from pool.point_read import PointReads
 from pool.protocol import CommitProtocol, incomplete_info, info_of, remove_checkpoint
 from pool.streaming import stream_chunks
@@ -132,6 +133,7 @@ class PoolCore:
         self.fencing = Fencing(store, config.max_cas_attempts, clock=clock)
         self.protocol = CommitProtocol(store, self.fencing, self.reader, config, clock)
         self.point_reads = PointReads()
+        self.live_exports = LiveExports(self.fencing, config.live)
         self._readers: dict[str, CheckpointReader] = {}
         self._lock = threading.Lock()
 
@@ -210,6 +212,14 @@ class PoolCore:
             _check_id(restore_from, "restore point", 0)
         epoch = self.protocol.acquire(job, key_groups, restore_from)
         return epoch, self.reader(job).latest()
+
+    def announce_live_export(self, job: str, key_groups: KeyGroupRange, epoch: int, url: str, token: str, ttl_s: int) -> int:
+        """Record where a running subtask serves its live state (see pool/live_exports.py); its expiry in ms since the epoch."""
+        return self.live_exports.announce(self._job(job), key_groups, epoch, url, token, ttl_s)
+
+    def withdraw_live_export(self, job: str, key_groups: KeyGroupRange, epoch: int) -> None:
+        """Forget a subtask's announcement (it is closing)."""
+        self.live_exports.withdraw(self._job(job), key_groups, epoch)
 
     def _validate_request(self, request: CommitRequest) -> tuple[str, tuple[tuple[int, str], ...], str]:
         job = self._job(request.job)

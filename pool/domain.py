@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from snapshot import NUM_KEY_GROUPS, check_key_group_range
 from snapshot.errors import InvalidArgumentError
 from store.datafile import DEFAULT_BLOCK_TARGET_BYTES, DEFAULT_SEGMENT_TARGET_BYTES
 
 MAX_CHECKPOINT_ID = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class LiveExportConfig:
+    """How the pool merges running subtasks' live state (GET /jobs/JOB/state.arrow?live=1, pool/live_exports.py)."""
+
+    # seconds a subtask has to answer in all before the export gives 503 naming its range
+    fetch_timeout_s: float = 10.0
+    # the longest expiry a subtask may ask for its announcement (it renews well before)
+    max_ttl_s: int = 300
+    # bytes the pool takes from all subtasks of one live export together (the merge holds them in memory)
+    max_bytes: int = 1 << 30
+    # announcements the pool keeps in all (each range replaces the overlapping ones of its job)
+    max_announcements: int = 4096
+    # PEM roots the pool trusts for https:// subtask URLs (None: the system's)
+    ca_pem: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if not self.fetch_timeout_s > 0:
+            raise InvalidArgumentError(f"live fetch_timeout_s = {self.fetch_timeout_s} must be positive")
+        for name in ("max_ttl_s", "max_bytes", "max_announcements"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise InvalidArgumentError(f"live {name} = {getattr(self, name)!r} must be a positive int")
 
 
 @dataclass(frozen=True)
@@ -32,6 +55,7 @@ class PoolConfig:
     # get RESOURCE_EXHAUSTED
     request_memory_bytes: int = 1 << 30
     max_scan_op_ids: int = 1024  # operators one scan may filter to (each distinct filter is cached apart)
+    live: LiveExportConfig = field(default_factory=LiveExportConfig)
 
     def __post_init__(self) -> None:
         if not self.max_commit_s > 0:

@@ -9,6 +9,9 @@ import time
 from dataclasses import dataclass
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from pool.core import PoolCore
 from pool.domain import KeyGroupRange
 from pool.http_serving import SOCKET_TIMEOUT_S, PoolHttpServer, PoolRequestHandler, serve_http, stop_http
@@ -37,7 +40,7 @@ log = logging.getLogger("clink.pool.http")
 
 ARROW_STREAM_TYPE = "application/vnd.apache.arrow.stream"
 _ROUTE = re.compile(r"^/jobs/(?P<job>[^/]+)/state\.arrow$")
-_PARAMS = {"checkpoint", "key_groups", "op_id"}
+_PARAMS = {"checkpoint", "key_groups", "op_id", "live", "partial"}
 
 # seconds an export may stream in all (a reader slower than this is cut off)
 EXPORT_MAX_S = 3600.0
@@ -73,6 +76,8 @@ class ExportRequest:
     checkpoint_id: int  # 0: newest complete
     key_groups: KeyGroupRange | None
     op_ids: tuple[int, ...]
+    live: bool = False  # the running subtasks' merged live state, not a checkpoint
+    allow_partial: bool = False  # live only: serve what answered, naming the missing ranges in a header
 
 
 def _one(params: dict[str, list[str]], name: str) -> str | None:
@@ -103,7 +108,21 @@ def parse_request(path: str) -> ExportRequest | None:
     raw = _one(params, "key_groups")
     key_groups = KeyGroupRange(*parse_key_groups(raw, "key_groups")) if raw else None
     op_ids = tuple(parse_op(text, "op_id") for text in params.get("op_id", []))
-    return ExportRequest(job, checkpoint_id, key_groups, op_ids)
+    live = _flag(_one(params, "live"), "live", ("0", "1"))
+    partial = _one(params, "partial")
+    if partial is not None and partial != "allow":
+        raise InvalidArgumentError(f"partial={partial!r}: the only value is partial=allow")
+    if partial is not None and not live:
+        raise InvalidArgumentError("partial=allow applies to live exports only (add live=1)")
+    if live and _one(params, "checkpoint") is not None:
+        raise InvalidArgumentError("live=1 serves the running subtasks' state: it takes no checkpoint")
+    return ExportRequest(job, checkpoint_id, key_groups, op_ids, live=live == "1", allow_partial=partial is not None)
+
+
+def _flag(value: str | None, name: str, allowed: tuple[str, ...]) -> str | None:
+    if value is not None and value not in allowed:
+        raise InvalidArgumentError(f"{name}={value!r}: use {name}={' or '.join(allowed)}")
+    return value
 
 
 class _ExportServer(PoolHttpServer):
@@ -154,7 +173,10 @@ class _Handler(PoolRequestHandler):
             self._refuse(path, started, 400, str(exc), exc)
             return
         if request is None:
-            self._plain(404, f"no route {path}; try /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI&op_id=ID or /healthz")
+            self._plain(
+                404,
+                f"no route {path}; try /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI&op_id=ID, /jobs/JOB/state.arrow?live=1 or /healthz",
+            )
             return
         what = f"of job {request.job}"
         if self.server.tokens is not None:
@@ -182,17 +204,32 @@ class _Handler(PoolRequestHandler):
         core = self.server.core
         assert core is not None  # checked by do_GET
         what = f"of job {request.job}"
+        headers: list[tuple[str, str]] = []
         try:
             checkpoint_id = request.checkpoint_id
-            if checkpoint_id == LATEST_CHECKPOINT:
-                # pin "latest" once, so the header names exactly the checkpoint streamed
-                checkpoint_id = core.reader(request.job).latest()
-            what = f"of job {request.job} checkpoint {checkpoint_id or 'latest'}"
-            # the table rather than core.scan's stream, so the log can say how many rows went out
-            table, manifest = core.scan_table(request.job, checkpoint_id, request.key_groups, list(request.op_ids), None)
-            # the uids travel with the rows, so a reader of the export names operators as a reader of the store does
-            names = operators_metadata(dict(manifest.operators))
-            writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions), names)
+            if request.live:
+                what = f"of job {request.job} live"
+                state = core.live_exports.live_state(request.job, request.key_groups, request.allow_partial)
+                table, writer = state.table, state.writer
+                if request.op_ids:
+                    table = table.filter(pc.is_in(table.column("op_id"), value_set=pa.array(request.op_ids, pa.uint64())))
+                headers.append(("X-Clink-Subtasks", state.subtasks_header()))
+                if state.missing:
+                    headers.append(("X-Clink-Missing-Key-Groups", state.missing_header()))
+                filename = f"{quote(request.job, safe='')}-live.arrow"
+            else:
+                if checkpoint_id == LATEST_CHECKPOINT:
+                    # pin "latest" once, so the header names exactly the checkpoint streamed
+                    checkpoint_id = core.reader(request.job).latest()
+                what = f"of job {request.job} checkpoint {checkpoint_id or 'latest'}"
+                # the table rather than core.scan's stream, so the log can say how many rows went out
+                table, manifest = core.scan_table(request.job, checkpoint_id, request.key_groups, list(request.op_ids), None)
+                # the uids travel with the rows, so a reader of the export names operators as a reader of the store does
+                names = operators_metadata(dict(manifest.operators))
+                writer = SnapshotArrowWriter(StateVersionMap.unpack(manifest.state_versions), names)
+                filename = f"{quote(request.job, safe='')}-chk-{checkpoint_id}.arrow"
+                if checkpoint_id:
+                    headers.append(("X-Clink-Checkpoint", str(checkpoint_id)))
             chunks = stream_chunks(writer, table, max(1, core.config.scan_chunk_bytes))
             first = next(chunks, b"")
         except Exception as exc:  # noqa: BLE001 - every failure before the first byte becomes a status line, the server stays up
@@ -204,9 +241,9 @@ class _Handler(PoolRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", ARROW_STREAM_TYPE)
         self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("Content-Disposition", f'attachment; filename="{quote(request.job, safe="")}-chk-{checkpoint_id}.arrow"')
-        if checkpoint_id:
-            self.send_header("X-Clink-Checkpoint", str(checkpoint_id))
+        self.send_header("Content-Disposition", f'attachment; filename="{filename}"')
+        for name, value in headers:
+            self.send_header(name, value)
         self.end_headers()
         deadline = started + EXPORT_MAX_S
         sent = 0

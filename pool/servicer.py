@@ -129,6 +129,15 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
             raise InvalidArgumentError("CollectGarbage: job is required (a store-wide GC runs with `clink-pool gc`)")
         return gc_result_to_pb(self.lifecycle.gc(request.job, request.dry_run))
 
+    def AnnounceLiveExport(self, request: pb.AnnounceLiveExportRequest, context: grpc.ServicerContext) -> pb.AnnounceLiveExportResponse:
+        key_groups = required_key_group_range_from_pb(request, "AnnounceLiveExport")
+        expires = self.core.announce_live_export(request.job, key_groups, request.epoch, request.url, request.token, request.ttl_seconds)
+        return pb.AnnounceLiveExportResponse(expires_at_ms=expires)
+
+    def WithdrawLiveExport(self, request: pb.WithdrawLiveExportRequest, context: grpc.ServicerContext) -> pb.WithdrawLiveExportResponse:
+        self.core.withdraw_live_export(request.job, required_key_group_range_from_pb(request, "WithdrawLiveExport"), request.epoch)
+        return pb.WithdrawLiveExportResponse()
+
 
 def _encoded(message: bytes) -> bytes:
     return message

@@ -343,3 +343,39 @@ class CollectGarbageResponse(_message.Message):
     referenced: int
     too_young: int
     def __init__(self, deleted: _Optional[_Iterable[str]] = ..., deleted_bytes: _Optional[int] = ..., listed_objects: _Optional[int] = ..., referenced: _Optional[int] = ..., too_young: _Optional[int] = ...) -> None: ...
+
+class AnnounceLiveExportRequest(_message.Message):
+    __slots__ = ("job", "key_groups", "epoch", "url", "token", "ttl_seconds")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    KEY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    key_groups: KeyGroupRange
+    epoch: int
+    url: str
+    token: str
+    ttl_seconds: int
+    def __init__(self, job: _Optional[str] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., epoch: _Optional[int] = ..., url: _Optional[str] = ..., token: _Optional[str] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+
+class AnnounceLiveExportResponse(_message.Message):
+    __slots__ = ("expires_at_ms",)
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    expires_at_ms: int
+    def __init__(self, expires_at_ms: _Optional[int] = ...) -> None: ...
+
+class WithdrawLiveExportRequest(_message.Message):
+    __slots__ = ("job", "key_groups", "epoch")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    KEY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    key_groups: KeyGroupRange
+    epoch: int
+    def __init__(self, job: _Optional[str] = ..., key_groups: _Optional[_Union[KeyGroupRange, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class WithdrawLiveExportResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -104,6 +104,16 @@ class RemotePoolStub:
                 request_serializer=protos_dot_remote__pool__pb2.CollectGarbageRequest.SerializeToString,
                 response_deserializer=protos_dot_remote__pool__pb2.CollectGarbageResponse.FromString,
                 _registered_method=True)
+        self.AnnounceLiveExport = channel.unary_unary(
+                '/clink.remote_state.v1.RemotePool/AnnounceLiveExport',
+                request_serializer=protos_dot_remote__pool__pb2.AnnounceLiveExportRequest.SerializeToString,
+                response_deserializer=protos_dot_remote__pool__pb2.AnnounceLiveExportResponse.FromString,
+                _registered_method=True)
+        self.WithdrawLiveExport = channel.unary_unary(
+                '/clink.remote_state.v1.RemotePool/WithdrawLiveExport',
+                request_serializer=protos_dot_remote__pool__pb2.WithdrawLiveExportRequest.SerializeToString,
+                response_deserializer=protos_dot_remote__pool__pb2.WithdrawLiveExportResponse.FromString,
+                _registered_method=True)
 
 
 class RemotePoolServicer:
@@ -194,6 +204,20 @@ class RemotePoolServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AnnounceLiveExport(self, request, context):
+        """Live export (pool/live_exports.py): a running subtask says where its live state is served, so the pool's
+        GET /jobs/JOB/state.arrow?live=1 can merge every subtask's; announcements expire unless renewed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WithdrawLiveExport(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RemotePoolServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -266,6 +290,16 @@ def add_RemotePoolServicer_to_server(servicer, server):
                     servicer.CollectGarbage,
                     request_deserializer=protos_dot_remote__pool__pb2.CollectGarbageRequest.FromString,
                     response_serializer=protos_dot_remote__pool__pb2.CollectGarbageResponse.SerializeToString,
+            ),
+            'AnnounceLiveExport': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnnounceLiveExport,
+                    request_deserializer=protos_dot_remote__pool__pb2.AnnounceLiveExportRequest.FromString,
+                    response_serializer=protos_dot_remote__pool__pb2.AnnounceLiveExportResponse.SerializeToString,
+            ),
+            'WithdrawLiveExport': grpc.unary_unary_rpc_method_handler(
+                    servicer.WithdrawLiveExport,
+                    request_deserializer=protos_dot_remote__pool__pb2.WithdrawLiveExportRequest.FromString,
+                    response_serializer=protos_dot_remote__pool__pb2.WithdrawLiveExportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -646,6 +680,60 @@ class RemotePool:
             '/clink.remote_state.v1.RemotePool/CollectGarbage',
             protos_dot_remote__pool__pb2.CollectGarbageRequest.SerializeToString,
             protos_dot_remote__pool__pb2.CollectGarbageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnnounceLiveExport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clink.remote_state.v1.RemotePool/AnnounceLiveExport',
+            protos_dot_remote__pool__pb2.AnnounceLiveExportRequest.SerializeToString,
+            protos_dot_remote__pool__pb2.AnnounceLiveExportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WithdrawLiveExport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clink.remote_state.v1.RemotePool/WithdrawLiveExport',
+            protos_dot_remote__pool__pb2.WithdrawLiveExportRequest.SerializeToString,
+            protos_dot_remote__pool__pb2.WithdrawLiveExportResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -256,6 +257,20 @@ class ListenAddress(click.ParamType):
     help="HTTP exports served at once; more get 503 with Retry-After.",
 )
 @click.option(
+    "--live-timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds the running subtasks of a job have to answer a live export (GET /jobs/JOB/state.arrow?live=1); "
+    "past it the export is 503 naming the silent ranges.",
+)
+@click.option(
+    "--live-ca",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="PEM roots the pool trusts for subtasks that serve their live export over https. Default: the system's.",
+)
+@click.option(
     "--max-concurrent-streams", type=click.IntRange(1), default=None, help="HTTP/2 streams per client connection. Default: grpc's."
 )
 @click.option(
@@ -305,6 +320,8 @@ def serve(
     max_commit_mb: int,
     request_memory_mb: int,
     max_http_exports: int,
+    live_timeout: float,
+    live_ca: str | None,
     max_concurrent_streams: int | None,
     gc_min_age: float | None,
     compact_max_layers: int | None,
@@ -328,7 +345,7 @@ def serve(
         raise click.UsageError(f"--create-bucket needs an s3:// store, not {store_uri}", ctx)
     setup_logging(log_level, output.format)
     # imported here so `clink-pool --help` stays fast and works without the server's dependencies loaded
-    from pool.domain import PoolConfig
+    from pool.domain import LiveExportConfig, PoolConfig
     from pool.server import PoolServer, PoolServerConfig, port_clashes, stop_on_signals
 
     config = PoolServerConfig(
@@ -350,6 +367,7 @@ def serve(
             max_multiget_key_bytes=max_multiget_key_mb << 20,
             max_commit_bytes=max_commit_mb << 20,
             request_memory_bytes=request_memory_mb << 20,
+            live=LiveExportConfig(fetch_timeout_s=live_timeout, ca_pem=Path(live_ca).read_bytes() if live_ca else None),
         ),
         max_http_exports=max_http_exports,
     )

@@ -121,6 +121,8 @@ def blocks() -> dict[str, tuple[str, str]]:
         "bulk": "python",
         "s3": "bash",
         "savepoints": "bash",
+        "live-pool": "bash",
+        "live": "python",
     }
     for tool in ("clink", "clink-pool", "python"):
         assert (BIN / tool).exists(), f"{tool} is not installed next to {sys.executable}: run the README's first command"
@@ -171,6 +173,22 @@ def test_the_bulk_write_and_asynchronous_read_example_runs(blocks, tmp_path) -> 
     assert done.returncode == 0 and done.stderr == "", done.stdout + done.stderr
     for line in ("checkpoint complete: True", "warm: full 10000 rows", "get_async: b'7'", "aget: [b'0', b'1', b'2']"):
         assert line in done.stdout, done.stdout
+
+
+def test_the_live_export_example_serves_unsaved_writes_through_the_pool(blocks, tmp_path) -> None:
+    (serve,) = commands(blocks["live-pool"][1])
+    assert serve == "clink-pool serve --http-port 7421"
+    script = blocks["live"][1]
+    assert README_ADDRESS in script and "127.0.0.1:7421/" in script
+    address, http_port = f"127.0.0.1:{free_port()}", free_port()
+    with serving(serve.replace("7421", str(http_port)), address, tmp_path):
+        (tmp_path / "live.py").write_text(script.replace(README_ADDRESS, address).replace("127.0.0.1:7421/", f"127.0.0.1:{http_port}/"))
+        done = _shell("python live.py", tmp_path, user_env(COLUMNS="120"), timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stdout + done.stderr
+    assert "serving http://127.0.0.1:" in done.stdout and "state.arrow?live=1: 2 entries" in done.stdout, done.stdout
+    rows = {line.split("│")[4].strip(): line.split("│")[6].strip() for line in done.stdout.splitlines() if "│ count │" in line}
+    assert rows == {"home": "2", "cart": "1"}, done.stdout  # the writes of the hot delta, decoded as int64
+    assert "click-count" in done.stdout  # the operator by its uid
 
 
 def test_the_s3_section_runs_against_moto(blocks, tmp_path, moto_endpoint: str) -> None:

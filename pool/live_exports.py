@@ -1,0 +1,313 @@
+"""Live export: running subtasks announce where their live state is served; the pool fetches and merges them into one stream."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import numpy as np
+import pyarrow as pa
+
+from pool.domain import FULL_RANGE, KeyGroupRange, LiveExportConfig
+from pool.writers import Fencing, fenced_error
+from snapshot import filter_key_groups, leading_bytes, merge_tables, read_snapshot
+from snapshot.errors import (
+    ClinkError,
+    FencedError,
+    InvalidArgumentError,
+    LimitExceededError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+from snapshot.format import CANONICAL_SCHEMA, SnapshotArrowWriter
+from snapshot.keys import NUM_KEY_GROUPS
+from snapshot.versions import StateVersionMap
+
+log = logging.getLogger("clink.pool.live")
+
+# headers a subtask's answer carries, checked against its announcement (a URL reused by another process is refused)
+JOB_HEADER = "X-Clink-Job"
+KEY_GROUPS_HEADER = "X-Clink-Key-Groups"
+CHECKPOINT_HEADER = "X-Clink-Checkpoint"
+_READ_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class LiveAnnouncement:
+    """One subtask's live-state URL for its range at its writer epoch, until ``expires_at`` (the pool's monotonic clock)."""
+
+    job: str
+    key_groups: KeyGroupRange
+    epoch: int
+    url: str
+    token: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class SubtaskState:
+    """What one subtask answered: its rows (keyed rows of its range and operator state) and the checkpoint they overlay."""
+
+    announcement: LiveAnnouncement
+    keyed: pa.Table  # its keyed rows, of its range only
+    operator_state: pa.Table  # its operator-state rows (every subtask holds them; the merge's collision rule picks)
+    checkpoint_id: int
+    state_versions: StateVersionMap
+    extra_metadata: dict[bytes, bytes]
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """A job's merged live state: one table, the subtasks it came from, and the key-group ranges nobody answered for."""
+
+    job: str
+    table: pa.Table
+    subtasks: tuple[SubtaskState, ...]
+    missing: tuple[KeyGroupRange, ...]
+    writer: SnapshotArrowWriter
+
+    def subtasks_header(self) -> str:
+        """'LO-HI@CHECKPOINT' per subtask, ascending: which checkpoint each range's live rows overlay (0: none yet)."""
+        return ", ".join(f"{s.announcement.key_groups}@{s.checkpoint_id}" for s in self.subtasks)
+
+    def missing_header(self) -> str:
+        """The ranges left out, comma-separated ('' when none)."""
+        return ", ".join(str(r) for r in self.missing)
+
+
+def check_live_url(url: str) -> str:
+    """An announced URL: http(s)://host:port/path with no credentials, fragment or whitespace; InvalidArgumentError otherwise."""
+    if not isinstance(url, str) or not url or len(url) > 2048 or any(c.isspace() or ord(c) < 32 for c in url):
+        raise InvalidArgumentError(f"live export url {url!r} must be a short http(s):// URL without spaces")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidArgumentError(f"live export url {url!r} must be http://HOST:PORT/... or https://HOST:PORT/...")
+    if parts.username is not None or parts.password is not None or parts.fragment:
+        raise InvalidArgumentError(f"live export url {url!r} must carry no credentials or fragment (the token travels apart)")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:
+        raise InvalidArgumentError(f"live export url {url!r} has a bad port") from None
+    return url
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def gaps(ranges: list[KeyGroupRange]) -> list[KeyGroupRange]:
+    """The key groups of 0..127 that sorted, non-overlapping ``ranges`` leave out, as ranges."""
+    out, nxt = [], 0
+    for r in ranges:
+        if r.lo > nxt:
+            out.append(KeyGroupRange(nxt, r.lo - 1))
+        nxt = max(nxt, r.hi + 1)
+    if nxt < NUM_KEY_GROUPS:
+        out.append(KeyGroupRange(nxt, NUM_KEY_GROUPS - 1))
+    return out
+
+
+class LiveExports:
+    """The announcements a pool holds, in memory: a subtask renews its own before it expires, so a pool restart loses nothing."""
+
+    def __init__(self, fencing: Fencing, config: LiveExportConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fencing = fencing
+        self.config = config or LiveExportConfig()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._by_job: dict[str, list[LiveAnnouncement]] = {}
+
+    def _count(self) -> int:
+        return sum(len(v) for v in self._by_job.values())
+
+    def announce(self, job: str, key_groups: KeyGroupRange, epoch: int, url: str, token: str, ttl_s: int) -> int:
+        """Record (or renew) a subtask's URL; FencedError unless ``epoch`` owns ``key_groups``. Returns the expiry in ms since the epoch."""
+        check_live_url(url)
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or not 1 <= ttl_s <= self.config.max_ttl_s:
+            raise InvalidArgumentError(f"live export ttl_seconds {ttl_s!r} must be 1..{self.config.max_ttl_s}")
+        if len(token) > 4096:
+            raise InvalidArgumentError("live export token is longer than 4096 characters")
+        table = self.fencing.check(job, key_groups, epoch)  # a zombie cannot announce
+        now = self._clock()
+        entry = LiveAnnouncement(job, key_groups, epoch, url, token, now + ttl_s)
+        with self._lock:
+            current = [a for a in self._by_job.get(job, []) if a.expires_at > now]
+            newer = [a for a in current if a.key_groups.overlaps(key_groups) and a.epoch > epoch]
+            if newer:  # a newer writer announced between our check and now
+                raise fenced_error(job, key_groups, epoch, table)
+            # the overlapping ranges (older writers, this subtask's own earlier range) and its old URL give way
+            kept = [a for a in current if not a.key_groups.overlaps(key_groups) and a.url != url]
+            if self._count() - len(self._by_job.get(job, [])) + len(kept) + 1 > self.config.max_announcements:
+                raise ResourceExhaustedError(f"the pool holds {self.config.max_announcements} live export announcements, its limit")
+            self._by_job[job] = sorted([*kept, entry], key=lambda a: a.key_groups.lo)
+        return int((time.time() + ttl_s) * 1000)
+
+    def withdraw(self, job: str, key_groups: KeyGroupRange, epoch: int) -> bool:
+        """Drop the announcement of exactly this range and epoch; whether there was one."""
+        with self._lock:
+            entries = self._by_job.get(job, [])
+            kept = [a for a in entries if not (a.key_groups == key_groups and a.epoch == epoch)]
+            if kept:
+                self._by_job[job] = kept
+            else:
+                self._by_job.pop(job, None)
+            return len(kept) != len(entries)
+
+    def current(self, job: str) -> list[LiveAnnouncement]:
+        """The job's announcements neither expired nor fenced (the writers table read once), ascending by range."""
+        now = self._clock()
+        with self._lock:
+            entries = [a for a in self._by_job.get(job, []) if a.expires_at > now]
+            if not entries:
+                self._by_job.pop(job, None)
+                return []
+            self._by_job[job] = entries
+        table, _ = self.fencing.read(job)
+        fenced = [a for a in entries if not table.holds(a.key_groups.lo, a.key_groups.hi, a.epoch)]
+        if fenced:  # a newer writer took the range: its announcement is gone for good
+            with self._lock:
+                kept = [a for a in self._by_job.get(job, []) if a not in fenced]
+                if kept:
+                    self._by_job[job] = kept
+                else:
+                    self._by_job.pop(job, None)
+        return [a for a in entries if a not in fenced]
+
+    # -- the merge ------------------------------------------------------------------------------------------------
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cadata=self.config.ca_pem.decode() if self.config.ca_pem else None)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        return ctx
+
+    def _fetch(self, a: LiveAnnouncement, deadline: float, budget: list[int]) -> SubtaskState:
+        """GET one subtask's state; UnavailableError naming its range for any failure (the pool stays up, the export says which)."""
+        what = f"the subtask of key groups {a.key_groups} of job {a.job} ({a.url})"
+        remaining = deadline - self._clock()
+        if remaining <= 0:
+            raise UnavailableError(f"{what} did not answer within {self.config.fetch_timeout_s:g} s")
+        request = urllib.request.Request(a.url, headers={"Authorization": f"Bearer {a.token}"} if a.token else {})
+        if a.token and urlsplit(a.url).scheme != "https" and not _is_loopback(urlsplit(a.url).hostname or ""):
+            raise UnavailableError(f"{what}: the pool sends a subtask's token over https only, or to a loopback address")
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({}), _NoRedirect()]
+        if urlsplit(a.url).scheme == "https":
+            handlers.append(urllib.request.HTTPSHandler(context=self._ssl_context()))
+        opener = urllib.request.build_opener(*handlers)
+        try:
+            with opener.open(request, timeout=remaining) as response:
+                job, kg = response.headers.get(JOB_HEADER), response.headers.get(KEY_GROUPS_HEADER)
+                if job != a.job or kg != str(a.key_groups):
+                    raise UnavailableError(f"{what} answered for job {job!r} key groups {kg!r}: not the subtask announced")
+                chunks = []
+                while True:
+                    if self._clock() > deadline:
+                        raise UnavailableError(f"{what} did not finish within {self.config.fetch_timeout_s:g} s")
+                    chunk = response.read(_READ_CHUNK)
+                    if not chunk:
+                        break
+                    with self._lock:
+                        budget[0] -= len(chunk)
+                        over = budget[0] < 0
+                    if over:
+                        raise LimitExceededError(
+                            f"live export of job {a.job}: the subtasks' state is over {self.config.max_bytes} bytes, the pool's limit"
+                        )
+                    chunks.append(chunk)
+                checkpoint_id = int(response.headers.get(CHECKPOINT_HEADER) or 0)
+        except ClinkError:
+            raise
+        except urllib.error.HTTPError as exc:
+            raise UnavailableError(f"{what} answered HTTP {exc.code}") from None
+        except (OSError, ValueError) as exc:  # refused, reset, timed out, TLS refused, a bad header
+            reason = getattr(exc, "reason", None) or exc
+            raise UnavailableError(f"{what} did not answer: {reason}") from None
+        try:
+            snap = read_snapshot(b"".join(chunks))
+        except ClinkError as exc:
+            raise UnavailableError(f"{what} sent a stream that is not a canonical snapshot: {exc}") from None
+        if snap.is_changelog:
+            raise UnavailableError(f"{what} sent a changelog stream, not its canonical live state")
+        # keyed rows outside its range are not its to give (operator-state rows are every subtask's)
+        table = snap.table.replace_schema_metadata(None)
+        lead = leading_bytes(table.column("key_bytes")) if table.num_rows else np.zeros(0, dtype=np.uint8)
+        operator_rows = lead >= NUM_KEY_GROUPS
+        mine = ~operator_rows & (lead >= a.key_groups.lo) & (lead <= a.key_groups.hi)
+        keyed = (table if mine.all() else table.filter(pa.array(mine))).cast(CANONICAL_SCHEMA)  # no copy when all are its own
+        operator_state = table.filter(pa.array(operator_rows)) if operator_rows.any() else table.slice(0, 0)
+        return SubtaskState(a, keyed, operator_state, checkpoint_id, snap.state_versions, dict(snap.extra_metadata))
+
+    def live_state(
+        self, job: str, key_groups: KeyGroupRange | None = None, allow_partial: bool = False, executor: ThreadPoolExecutor | None = None
+    ) -> LiveState:
+        """Fetch every announced subtask of ``job`` (those overlapping ``key_groups``) at once and merge their state.
+
+        NotFoundError when no subtask of the job is announced; UnavailableError naming the ranges that no subtask covers
+        or whose subtask did not answer in time, unless ``allow_partial`` (then they are named in ``missing``).
+        """
+        wanted = key_groups or FULL_RANGE
+        announced = self.current(job)
+        if not announced:
+            raise NotFoundError(f"job {job} has no running subtask announcing a live export (see RemoteReadBackend.serve_live_export)")
+        chosen = [a for a in announced if a.key_groups.overlaps(wanted)]
+        holes = [g for g in gaps([a.key_groups for a in chosen]) if g.overlaps(wanted)]
+        holes = [KeyGroupRange(max(g.lo, wanted.lo), min(g.hi, wanted.hi)) for g in holes]
+        if holes and not allow_partial:
+            raise UnavailableError(
+                f"live export of job {job}: no running subtask announces key groups {', '.join(map(str, holes))}; "
+                "retry, or add &partial=allow for the rest"
+            )
+        deadline = self._clock() + self.config.fetch_timeout_s
+        budget = [self.config.max_bytes]
+        own = executor is None
+        pool = executor or ThreadPoolExecutor(max_workers=min(16, max(1, len(chosen))), thread_name_prefix="live-fetch")
+        try:
+            futures = [(a, pool.submit(self._fetch, a, deadline, budget)) for a in chosen]
+            answered: list[SubtaskState] = []
+            failed: list[tuple[LiveAnnouncement, ClinkError]] = []
+            for a, future in futures:
+                try:
+                    answered.append(future.result())
+                except LimitExceededError:
+                    raise
+                except (UnavailableError, FencedError) as exc:
+                    failed.append((a, exc))
+        finally:
+            if own:
+                pool.shutdown(wait=False, cancel_futures=True)
+        if failed and not allow_partial:
+            raise UnavailableError("; ".join(str(exc) for _, exc in failed) + " (add &partial=allow for the rest)")
+        for a, err in failed:
+            log.warning("live export of job %s leaves out key groups %s: %s", job, a.key_groups, err)
+        missing = sorted(
+            [*holes, *(KeyGroupRange(max(a.key_groups.lo, wanted.lo), min(a.key_groups.hi, wanted.hi)) for a, _ in failed)],
+            key=lambda r: r.lo,
+        )
+        # the ranges are disjoint, so keyed rows cannot collide: only operator state goes through the merge's collision rule
+        table = pa.concat_tables([*(s.keyed for s in answered), merge_tables(s.operator_state for s in answered)])
+        if key_groups is not None:
+            table = filter_key_groups(table, wanted.lo, wanted.hi)
+        first = next((s for s in answered if s.keyed.num_rows or s.operator_state.num_rows), answered[0] if answered else None)
+        writer = SnapshotArrowWriter(first.state_versions, first.extra_metadata) if first else SnapshotArrowWriter()
+        return LiveState(job, table, tuple(answered), tuple(missing), writer)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A subtask's answer is its own: a redirect (which could carry the token elsewhere) is a failure."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} refused", headers, fp)
