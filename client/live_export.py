@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import secrets
 import ssl
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from client.errors import ClinkError, FencedError, InvalidArgumentError, UnavailableError
+from snapshot.names import is_loopback
 
 if TYPE_CHECKING:
     from client.backend import RemoteReadBackend
@@ -50,19 +50,10 @@ class LiveExportConfig:
             raise InvalidArgumentError(f"live export ttl_s {self.ttl_s!r} must be 3..300 seconds")
         if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
             raise InvalidArgumentError("a live export token must be non-empty and hold no whitespace")
-        if self.tls_cert_pem is None and not _is_loopback(self.host):
+        if self.tls_cert_pem is None and not is_loopback(self.host):
             raise InvalidArgumentError(
                 f"a live export on {self.host} would send its state and take its token in clear text: bind 127.0.0.1, or give TLS"
             )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # connections served at once; more are closed at once (a reader that holds one open costs one thread, not the worker)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import ssl
 import threading
@@ -31,6 +30,7 @@ from snapshot.errors import (
 )
 from snapshot.format import CANONICAL_SCHEMA, SnapshotArrowWriter
 from snapshot.keys import NUM_KEY_GROUPS
+from snapshot.names import is_loopback
 from snapshot.versions import StateVersionMap
 
 log = logging.getLogger("clink.pool.live")
@@ -99,15 +99,6 @@ def check_live_url(url: str) -> str:
     except ValueError:
         raise InvalidArgumentError(f"live export url {url!r} has a bad port") from None
     return url
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def gaps(ranges: list[KeyGroupRange]) -> list[KeyGroupRange]:
@@ -202,7 +193,7 @@ class LiveExports:
         if remaining <= 0:
             raise UnavailableError(f"{what} did not answer within {self.config.fetch_timeout_s:g} s")
         request = urllib.request.Request(a.url, headers={"Authorization": f"Bearer {a.token}"} if a.token else {})
-        if a.token and urlsplit(a.url).scheme != "https" and not _is_loopback(urlsplit(a.url).hostname or ""):
+        if a.token and urlsplit(a.url).scheme != "https" and not is_loopback(urlsplit(a.url).hostname or ""):
             raise UnavailableError(f"{what}: the pool sends a subtask's token over https only, or to a loopback address")
         handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({}), _NoRedirect()]
         if urlsplit(a.url).scheme == "https":

@@ -1,6 +1,8 @@
-"""The one rule for names a store keys by (job ids, savepoint names, pin holders): pool, client and CLI apply it alike."""
+"""The one rule for names a store keys by (job ids, savepoint names, pin holders), and what a host name means: pool, client and CLI apply them alike."""
 
 from __future__ import annotations
+
+import ipaddress
 
 from snapshot.errors import InvalidArgumentError
 
@@ -27,3 +29,16 @@ def validate_job(job: object, max_bytes: int = MAX_NAME_BYTES, what: str = "job 
     if ".." in job or job == "." or job.startswith(".clink-"):
         raise InvalidArgumentError(f"{what} {job!r} must not contain '..', be '.' or start with '.clink-'")
     return job
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` names this machine (a token sent there in plaintext never crosses a network)."""
+    if not host:
+        return False
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

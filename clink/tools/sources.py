@@ -26,6 +26,7 @@ from snapshot import (
 )
 from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError, error_class_named, prefixed, rebuilt
 from snapshot.format import FORMAT_VERSION
+from snapshot.names import is_loopback
 from snapshot.state_selectors import parse_key_groups as parse_key_group_selector
 from snapshot.state_selectors import parse_op as parse_op_selector
 from store.layout import JOBS, SAVEPOINT_MANIFEST, SAVEPOINTS, StateFolder, find_state_folder, metadata_key, parse_checkpoint_dir
@@ -422,21 +423,6 @@ ERROR_BY_HTTP_STATUS: dict[int, type[ClinkError]] = {
     502: CorruptDataError,
     503: UnavailableError,
 }
-
-
-def is_loopback(host: str | None) -> bool:
-    """Whether ``host`` names this machine (a token sent there in plaintext never crosses a network)."""
-    import ipaddress
-
-    if not host:
-        return False
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_token_transport(config: SourceConfig, tls: bool, host: str | None, where: str) -> None:
