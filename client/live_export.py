@@ -5,9 +5,11 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
+import socket
 import ssl
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,7 +25,7 @@ log = logging.getLogger("clink.client.live")
 
 ARROW_STREAM_TYPE = "application/vnd.apache.arrow.stream"
 ROUTE = "/state.arrow"
-# a connection that sends no complete request within this long is closed (a slow client cannot hold a thread)
+# a connection that sends no complete request line and headers within this long is cut (a slow client cannot hold a thread)
 SOCKET_TIMEOUT_S = 10.0
 
 
@@ -50,14 +52,60 @@ class LiveExportConfig:
             raise InvalidArgumentError(f"live export ttl_s {self.ttl_s!r} must be 3..300 seconds")
         if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
             raise InvalidArgumentError("a live export token must be non-empty and hold no whitespace")
-        if self.tls_cert_pem is None and not is_loopback(self.host):
-            raise InvalidArgumentError(
-                f"a live export on {self.host} would send its state and take its token in clear text: bind 127.0.0.1, or give TLS"
-            )
+        for what, host in (("on", self.host), ("advertised at", self.advertise_host)):
+            if host is not None and self.tls_cert_pem is None and not is_loopback(host):
+                raise InvalidArgumentError(
+                    f"a live export {what} {host} would send its state and take its token in clear text: use 127.0.0.1, or give TLS"
+                )
 
 
-# connections served at once; more are closed at once (a reader that holds one open costs one thread, not the worker)
+# connections open at once; past it the oldest one still sending its request is cut to make room (idle ones cannot lock out)
 MAX_CONNECTIONS = 32
+
+
+class _HeaderDeadlines:
+    """One thread cutting every connection whose request line and headers have not arrived in time.
+
+    A compact copy of pool.http_serving.HeaderDeadlines: the worker client may not import the pool.
+    """
+
+    def __init__(self) -> None:
+        self._due: dict[_Handler, float] = {}  # insertion order: the first is the oldest connection still sending
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="live-export-deadlines", daemon=True)
+        self._thread.start()
+
+    def arm(self, handler: _Handler, seconds: float) -> None:
+        with self._lock:
+            self._due[handler] = time.monotonic() + seconds
+
+    def disarm(self, handler: _Handler) -> None:
+        with self._lock:
+            self._due.pop(handler, None)
+
+    def cut_oldest(self) -> bool:
+        """Cut the connection that has waited longest for its request; whether there was one."""
+        with self._lock:
+            oldest = next(iter(self._due), None)
+            if oldest is not None:
+                del self._due[oldest]
+        if oldest is not None:
+            oldest.cut()
+        return oldest is not None
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            with self._lock:
+                late = [h for h, due in self._due.items() if due < now]
+                for h in late:
+                    del self._due[h]
+            for h in late:
+                h.cut()
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class _Server(ThreadingHTTPServer):
@@ -68,11 +116,14 @@ class _Server(ThreadingHTTPServer):
     def server_activate(self) -> None:
         super().server_activate()
         self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.header_deadlines = _HeaderDeadlines()
 
     def process_request(self, request, client_address) -> None:  # noqa: ANN001 - the stdlib's signature
         if not self._connections.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+            # full: make room by cutting the oldest connection that has not sent its request yet (its thread ends at once)
+            if not (self.header_deadlines.cut_oldest() and self._connections.acquire(timeout=1.0)):
+                self.shutdown_request(request)
+                return
         super().process_request(request, client_address)
 
     def process_request_thread(self, request, client_address) -> None:  # noqa: ANN001 - the stdlib's signature
@@ -80,6 +131,10 @@ class _Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._connections.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.header_deadlines.stop()
 
     def handle_error(self, request: object, client_address: tuple) -> None:
         log.info("live export connection from %s failed", client_address[0])  # a failed handshake or a dropped reader
@@ -90,6 +145,25 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "clink-live-export"
     timeout = SOCKET_TIMEOUT_S
     server: _Server
+
+    def handle_one_request(self) -> None:
+        # the request line and headers (a TLS handshake included) within ``timeout`` in all: trickling bytes is no help
+        self.server.header_deadlines.arm(self, self.timeout)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.header_deadlines.disarm(self)
+
+    def parse_request(self) -> bool:
+        self.server.header_deadlines.disarm(self)  # the headers are in: what follows is under the socket timeout
+        return super().parse_request()
+
+    def cut(self) -> None:
+        """Shut the connection down (its thread's read fails at once)."""
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's signature
         log.debug("%s %s", self.address_string(), format % args)
@@ -193,12 +267,16 @@ class LiveExport:
     def announce(self) -> None:
         """Announce (or renew) the backend's current range and epoch to its pool."""
         backend = self.backend
-        key_groups, epoch = backend.key_groups, backend.epoch
+        with backend._lock:  # one attempt's range and epoch: a restore in between would pair the old range with the new epoch
+            key_groups, epoch = backend.key_groups, backend.epoch
         try:
             backend.pool.announce_live_export(backend.job, key_groups, epoch, self.url, self.token, self.config.ttl_s)
         except FencedError:
             self.fenced_epoch = epoch
             raise
+        if self._stop.is_set():  # stop() withdrew while this renewal was on its way: withdraw what it just announced
+            self._withdraw(key_groups, epoch)
+            return
         if self._announced is not None and self._announced != (key_groups, epoch):
             self._withdraw(*self._announced)  # the range it restored from (the pool also drops it by URL)
         self._announced = (key_groups, epoch)

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from pool.budget import COMMIT_WORKING_FACTOR, Holding, MemoryBudget
 from pool.domain import MAX_CHECKPOINT_ID, CheckpointInfo, CommitRequest, CommitResult, KeyGroupRange, PoolConfig
-from pool.live_exports import LiveExports
+from pool.live_exports import LiveExports, LiveState
 from pool.point_read import PointReads
 from pool.protocol import CommitProtocol, incomplete_info, info_of, remove_checkpoint
 from pool.streaming import stream_chunks
@@ -216,6 +216,10 @@ class PoolCore:
     def announce_live_export(self, job: str, key_groups: KeyGroupRange, epoch: int, url: str, token: str, ttl_s: int) -> int:
         """Record where a running subtask serves its live state (see pool/live_exports.py); its expiry in ms since the epoch."""
         return self.live_exports.announce(self._job(job), key_groups, epoch, url, token, ttl_s)
+
+    def live_state(self, job: str, key_groups: KeyGroupRange | None = None, allow_partial: bool = False) -> LiveState:
+        """The merged live state of a running job's announced subtasks (see pool/live_exports.py)."""
+        return self.live_exports.live_state(self._job(job), key_groups, allow_partial)
 
     def withdraw_live_export(self, job: str, key_groups: KeyGroupRange, epoch: int) -> None:
         """Forget a subtask's announcement (it is closing)."""

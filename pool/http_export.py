@@ -108,7 +108,7 @@ def parse_request(path: str) -> ExportRequest | None:
     raw = _one(params, "key_groups")
     key_groups = KeyGroupRange(*parse_key_groups(raw, "key_groups")) if raw else None
     op_ids = tuple(parse_op(text, "op_id") for text in params.get("op_id", []))
-    live = _flag(_one(params, "live"), "live", ("0", "1"))
+    live = _flag(_one(params, "live"), "live", ("0", "1")) == "1"  # live=0 is the checkpoint export, as if absent
     partial = _one(params, "partial")
     if partial is not None and partial != "allow":
         raise InvalidArgumentError(f"partial={partial!r}: the only value is partial=allow")
@@ -116,7 +116,7 @@ def parse_request(path: str) -> ExportRequest | None:
         raise InvalidArgumentError("partial=allow applies to live exports only (add live=1)")
     if live and _one(params, "checkpoint") is not None:
         raise InvalidArgumentError("live=1 serves the running subtasks' state: it takes no checkpoint")
-    return ExportRequest(job, checkpoint_id, key_groups, op_ids, live=live == "1", allow_partial=partial is not None)
+    return ExportRequest(job, checkpoint_id, key_groups, op_ids, live=live, allow_partial=partial is not None)
 
 
 def _flag(value: str | None, name: str, allowed: tuple[str, ...]) -> str | None:
@@ -209,7 +209,7 @@ class _Handler(PoolRequestHandler):
             checkpoint_id = request.checkpoint_id
             if request.live:
                 what = f"of job {request.job} live"
-                state = core.live_exports.live_state(request.job, request.key_groups, request.allow_partial)
+                state = core.live_state(request.job, request.key_groups, request.allow_partial)
                 table, writer = state.table, state.writer
                 if request.op_ids:
                     table = table.filter(pc.is_in(table.column("op_id"), value_set=pa.array(request.op_ids, pa.uint64())))

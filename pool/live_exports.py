@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import http.client
 import logging
+import socket
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from pool.domain import FULL_RANGE, KeyGroupRange, LiveExportConfig
 from pool.writers import Fencing, fenced_error
-from snapshot import filter_key_groups, leading_bytes, merge_tables, read_snapshot
+from snapshot import filter_key_groups, has_adjacent_repeats, in_layout_order, leading_bytes, merge_tables, read_snapshot
 from snapshot.errors import (
     ClinkError,
     FencedError,
@@ -28,7 +28,7 @@ from snapshot.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from snapshot.format import CANONICAL_SCHEMA, SnapshotArrowWriter
+from snapshot.format import CANONICAL_SCHEMA, SnapshotArrowWriter, operators_from_metadata, operators_metadata
 from snapshot.keys import NUM_KEY_GROUPS
 from snapshot.names import is_loopback
 from snapshot.versions import StateVersionMap
@@ -50,8 +50,8 @@ class LiveAnnouncement:
     key_groups: KeyGroupRange
     epoch: int
     url: str
-    token: str
-    expires_at: float
+    token: str = field(repr=False)  # a bearer secret: never in a log line or an error
+    expires_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,8 @@ class LiveExports:
         now = self._clock()
         entry = LiveAnnouncement(job, key_groups, epoch, url, token, now + ttl_s)
         with self._lock:
-            current = [a for a in self._by_job.get(job, []) if a.expires_at > now]
+            self._prune_expired(now)  # jobs that died without withdrawing must not fill the limit
+            current = list(self._by_job.get(job, []))
             newer = [a for a in current if a.key_groups.overlaps(key_groups) and a.epoch > epoch]
             if newer:  # a newer writer announced between our check and now
                 raise fenced_error(job, key_groups, epoch, table)
@@ -147,6 +148,15 @@ class LiveExports:
                 raise ResourceExhaustedError(f"the pool holds {self.config.max_announcements} live export announcements, its limit")
             self._by_job[job] = sorted([*kept, entry], key=lambda a: a.key_groups.lo)
         return int((time.time() + ttl_s) * 1000)
+
+    def _prune_expired(self, now: float) -> None:
+        """Drop every job's expired announcements (under the lock)."""
+        for job in list(self._by_job):
+            kept = [a for a in self._by_job[job] if a.expires_at > now]
+            if kept:
+                self._by_job[job] = kept
+            else:
+                del self._by_job[job]
 
     def withdraw(self, job: str, key_groups: KeyGroupRange, epoch: int) -> bool:
         """Drop the announcement of exactly this range and epoch; whether there was one."""
@@ -168,16 +178,21 @@ class LiveExports:
                 self._by_job.pop(job, None)
                 return []
             self._by_job[job] = entries
+        fenced = self._fenced(job, entries)
+        return [a for a in entries if a not in fenced]
+
+    def _fenced(self, job: str, entries: list[LiveAnnouncement]) -> list[LiveAnnouncement]:
+        """Those of ``entries`` whose range a newer writer took (read from the writers table now); their announcements go for good."""
         table, _ = self.fencing.read(job)
         fenced = [a for a in entries if not table.holds(a.key_groups.lo, a.key_groups.hi, a.epoch)]
-        if fenced:  # a newer writer took the range: its announcement is gone for good
+        if fenced:
             with self._lock:
                 kept = [a for a in self._by_job.get(job, []) if a not in fenced]
                 if kept:
                     self._by_job[job] = kept
                 else:
                     self._by_job.pop(job, None)
-        return [a for a in entries if a not in fenced]
+        return fenced
 
     # -- the merge ------------------------------------------------------------------------------------------------
 
@@ -186,47 +201,63 @@ class LiveExports:
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         return ctx
 
-    def _fetch(self, a: LiveAnnouncement, deadline: float, budget: list[int]) -> SubtaskState:
-        """GET one subtask's state; UnavailableError naming its range for any failure (the pool stays up, the export says which)."""
+    def _connect(self, a: LiveAnnouncement, timeout: float) -> http.client.HTTPConnection:
+        """A connection to the announced host (http.client: no proxy from the environment, no redirect followed)."""
+        parts = urlsplit(a.url)
+        host = parts.hostname or ""
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=self._ssl_context())
+        return http.client.HTTPConnection(host, parts.port, timeout=timeout)
+
+    def _fetch(
+        self, a: LiveAnnouncement, deadline: float, budget: list[int], connections: dict[int, http.client.HTTPConnection]
+    ) -> SubtaskState:
+        """GET one subtask's state; UnavailableError naming its range for any failure (the pool stays up, the export says which).
+
+        Its connection is kept in ``connections`` (by announcement index) so that live_state can cut it at the deadline.
+        """
         what = f"the subtask of key groups {a.key_groups} of job {a.job} ({a.url})"
         remaining = deadline - self._clock()
         if remaining <= 0:
             raise UnavailableError(f"{what} did not answer within {self.config.fetch_timeout_s:g} s")
-        request = urllib.request.Request(a.url, headers={"Authorization": f"Bearer {a.token}"} if a.token else {})
-        if a.token and urlsplit(a.url).scheme != "https" and not is_loopback(urlsplit(a.url).hostname or ""):
+        parts = urlsplit(a.url)
+        if a.token and parts.scheme != "https" and not is_loopback(parts.hostname or ""):
             raise UnavailableError(f"{what}: the pool sends a subtask's token over https only, or to a loopback address")
-        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({}), _NoRedirect()]
-        if urlsplit(a.url).scheme == "https":
-            handlers.append(urllib.request.HTTPSHandler(context=self._ssl_context()))
-        opener = urllib.request.build_opener(*handlers)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn = self._connect(a, remaining)
+        connections[id(a)] = conn
+        chunks = []
         try:
-            with opener.open(request, timeout=remaining) as response:
-                job, kg = response.headers.get(JOB_HEADER), response.headers.get(KEY_GROUPS_HEADER)
-                if job != a.job or kg != str(a.key_groups):
-                    raise UnavailableError(f"{what} answered for job {job!r} key groups {kg!r}: not the subtask announced")
-                chunks = []
-                while True:
-                    if self._clock() > deadline:
-                        raise UnavailableError(f"{what} did not finish within {self.config.fetch_timeout_s:g} s")
-                    chunk = response.read(_READ_CHUNK)
-                    if not chunk:
-                        break
-                    with self._lock:
-                        budget[0] -= len(chunk)
-                        over = budget[0] < 0
-                    if over:
-                        raise LimitExceededError(
-                            f"live export of job {a.job}: the subtasks' state is over {self.config.max_bytes} bytes, the pool's limit"
-                        )
-                    chunks.append(chunk)
-                checkpoint_id = int(response.headers.get(CHECKPOINT_HEADER) or 0)
+            conn.request("GET", target, headers={"Authorization": f"Bearer {a.token}"} if a.token else {})
+            response = conn.getresponse()
+            if response.status != 200:
+                raise UnavailableError(f"{what} answered HTTP {response.status}")
+            job, kg = response.getheader(JOB_HEADER), response.getheader(KEY_GROUPS_HEADER)
+            if job != a.job or kg != str(a.key_groups):
+                raise UnavailableError(f"{what} answered for job {job!r} key groups {kg!r}: not the subtask announced")
+            while True:
+                if self._clock() > deadline:
+                    raise UnavailableError(f"{what} did not finish within {self.config.fetch_timeout_s:g} s")
+                chunk = response.read(_READ_CHUNK)
+                if not chunk:
+                    break
+                with self._lock:
+                    budget[0] -= len(chunk)
+                    over = budget[0] < 0
+                if over:
+                    raise LimitExceededError(
+                        f"live export of job {a.job}: the subtasks' state is over {self.config.max_bytes} bytes, the pool's limit"
+                    )
+                chunks.append(chunk)
+            checkpoint_id = int(response.getheader(CHECKPOINT_HEADER) or 0)
         except ClinkError:
             raise
-        except urllib.error.HTTPError as exc:
-            raise UnavailableError(f"{what} answered HTTP {exc.code}") from None
-        except (OSError, ValueError) as exc:  # refused, reset, timed out, TLS refused, a bad header
-            reason = getattr(exc, "reason", None) or exc
-            raise UnavailableError(f"{what} did not answer: {reason}") from None
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut, TLS refused, not HTTP
+            if self._clock() > deadline:
+                raise UnavailableError(f"{what} did not finish within {self.config.fetch_timeout_s:g} s") from None
+            raise UnavailableError(f"{what} did not answer: {type(exc).__name__}: {exc}"[:500]) from None
+        finally:
+            conn.close()
         try:
             snap = read_snapshot(b"".join(chunks))
         except ClinkError as exc:
@@ -239,38 +270,40 @@ class LiveExports:
         operator_rows = lead >= NUM_KEY_GROUPS
         mine = ~operator_rows & (lead >= a.key_groups.lo) & (lead <= a.key_groups.hi)
         keyed = (table if mine.all() else table.filter(pa.array(mine))).cast(CANONICAL_SCHEMA)  # no copy when all are its own
+        if keyed.num_rows and (not in_layout_order(keyed) or has_adjacent_repeats(keyed)):
+            keyed = merge_tables([keyed])  # a key sent twice is one row, by the rule merge_snapshot_bytes applies
         operator_state = table.filter(pa.array(operator_rows)) if operator_rows.any() else table.slice(0, 0)
         return SubtaskState(a, keyed, operator_state, checkpoint_id, snap.state_versions, dict(snap.extra_metadata))
 
-    def live_state(
-        self, job: str, key_groups: KeyGroupRange | None = None, allow_partial: bool = False, executor: ThreadPoolExecutor | None = None
-    ) -> LiveState:
-        """Fetch every announced subtask of ``job`` (those overlapping ``key_groups``) at once and merge their state.
-
-        NotFoundError when no subtask of the job is announced; UnavailableError naming the ranges that no subtask covers
-        or whose subtask did not answer in time, unless ``allow_partial`` (then they are named in ``missing``).
-        """
-        wanted = key_groups or FULL_RANGE
-        announced = self.current(job)
-        if not announced:
-            raise NotFoundError(f"job {job} has no running subtask announcing a live export (see RemoteReadBackend.serve_live_export)")
-        chosen = [a for a in announced if a.key_groups.overlaps(wanted)]
-        holes = [g for g in gaps([a.key_groups for a in chosen]) if g.overlaps(wanted)]
-        holes = [KeyGroupRange(max(g.lo, wanted.lo), min(g.hi, wanted.hi)) for g in holes]
-        if holes and not allow_partial:
-            raise UnavailableError(
-                f"live export of job {job}: no running subtask announces key groups {', '.join(map(str, holes))}; "
-                "retry, or add &partial=allow for the rest"
-            )
+    def _gather(
+        self, job: str, chosen: list[LiveAnnouncement], executor: ThreadPoolExecutor | None
+    ) -> tuple[list[SubtaskState], list[tuple[LiveAnnouncement, ClinkError]]]:
+        """Fetch ``chosen`` at once; whatever has not answered by the deadline has its connection cut and counts as failed."""
         deadline = self._clock() + self.config.fetch_timeout_s
         budget = [self.config.max_bytes]
+        connections: dict[int, http.client.HTTPConnection] = {}
         own = executor is None
         pool = executor or ThreadPoolExecutor(max_workers=min(16, max(1, len(chosen))), thread_name_prefix="live-fetch")
+        answered: list[SubtaskState] = []
+        failed: list[tuple[LiveAnnouncement, ClinkError]] = []
         try:
-            futures = [(a, pool.submit(self._fetch, a, deadline, budget)) for a in chosen]
-            answered: list[SubtaskState] = []
-            failed: list[tuple[LiveAnnouncement, ClinkError]] = []
+            futures: list[tuple[LiveAnnouncement, Future[SubtaskState]]] = [
+                (a, pool.submit(self._fetch, a, deadline, budget, connections)) for a in chosen
+            ]
+            wait([f for _, f in futures], timeout=max(0.0, deadline - self._clock()) + 0.05)
             for a, future in futures:
+                if not future.done():  # a subtask trickling its answer: cut it, its thread ends at once
+                    _cut(connections.get(id(a)))
+                    future.cancel()
+                    failed.append(
+                        (
+                            a,
+                            UnavailableError(
+                                f"the subtask of key groups {a.key_groups} of job {job} ({a.url}) did not finish within {self.config.fetch_timeout_s:g} s"
+                            ),
+                        )
+                    )
+                    continue
                 try:
                     answered.append(future.result())
                 except LimitExceededError:
@@ -280,25 +313,81 @@ class LiveExports:
         finally:
             if own:
                 pool.shutdown(wait=False, cancel_futures=True)
+        # a subtask fenced while it answered (a newer writer restored its range) gave a zombie's rows: not served
+        fenced = set(map(id, self._fenced(job, [s.announcement for s in answered])))
+        for s in [s for s in answered if id(s.announcement) in fenced]:
+            answered.remove(s)
+            failed.append(
+                (
+                    s.announcement,
+                    UnavailableError(
+                        f"the subtask of key groups {s.announcement.key_groups} of job {job} was fenced while it answered (a newer writer took its range); retry"
+                    ),
+                )
+            )
+        return answered, failed
+
+    def live_state(
+        self, job: str, key_groups: KeyGroupRange | None = None, allow_partial: bool = False, executor: ThreadPoolExecutor | None = None
+    ) -> LiveState:
+        """Fetch every announced subtask of ``job`` at once and merge their state (keyed rows of ``key_groups`` only).
+
+        Every subtask is fetched even for a key-group filter: operator state is every subtask's, merged by the collision rule.
+        NotFoundError when no subtask of the job is announced; UnavailableError naming the ranges that no subtask covers
+        or whose subtask did not answer in time, unless ``allow_partial`` (then they are named in ``missing``).
+        """
+        wanted = key_groups or FULL_RANGE
+        announced = self.current(job)
+        if not announced:
+            raise NotFoundError(f"job {job} has no running subtask announcing a live export (see RemoteReadBackend.serve_live_export)")
+        holes = [_clip(g, wanted) for g in gaps([a.key_groups for a in announced]) if g.overlaps(wanted)]
+        if holes and not allow_partial:
+            raise UnavailableError(
+                f"live export of job {job}: no running subtask announces key groups {', '.join(map(str, holes))}; "
+                "retry, or add &partial=allow for the rest"
+            )
+        answered, failed = self._gather(job, announced, executor)
         if failed and not allow_partial:
             raise UnavailableError("; ".join(str(exc) for _, exc in failed) + " (add &partial=allow for the rest)")
         for a, err in failed:
             log.warning("live export of job %s leaves out key groups %s: %s", job, a.key_groups, err)
+        # a silent subtask outside the filter is named whole: its operator state is missing from the merge
         missing = sorted(
-            [*holes, *(KeyGroupRange(max(a.key_groups.lo, wanted.lo), min(a.key_groups.hi, wanted.hi)) for a, _ in failed)],
+            [*holes, *(_clip(a.key_groups, wanted) if a.key_groups.overlaps(wanted) else a.key_groups for a, _ in failed)],
             key=lambda r: r.lo,
         )
+        answered.sort(key=lambda s: s.announcement.key_groups.lo)
         # the ranges are disjoint, so keyed rows cannot collide: only operator state goes through the merge's collision rule
         table = pa.concat_tables([*(s.keyed for s in answered), merge_tables(s.operator_state for s in answered)])
         if key_groups is not None:
             table = filter_key_groups(table, wanted.lo, wanted.hi)
-        first = next((s for s in answered if s.keyed.num_rows or s.operator_state.num_rows), answered[0] if answered else None)
-        writer = SnapshotArrowWriter(first.state_versions, first.extra_metadata) if first else SnapshotArrowWriter()
-        return LiveState(job, table, tuple(answered), tuple(missing), writer)
+        return LiveState(job, table, tuple(answered), tuple(missing), _writer(answered))
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A subtask's answer is its own: a redirect (which could carry the token elsewhere) is a failure."""
+def _clip(r: KeyGroupRange, wanted: KeyGroupRange) -> KeyGroupRange:
+    return KeyGroupRange(max(r.lo, wanted.lo), min(r.hi, wanted.hi))
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} refused", headers, fp)
+
+def _cut(conn: http.client.HTTPConnection | None) -> None:
+    """Shut a fetch's socket down so that its blocked read fails at once."""
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _writer(answered: list[SubtaskState]) -> SnapshotArrowWriter:
+    """The merged stream's writer: every subtask's operator names and state versions (the greater version where two differ)."""
+    names: dict[int, str] = {}
+    versions: dict[tuple[int, str], int] = {}
+    extra: dict[bytes, bytes] = {}
+    for s in answered:
+        for key, value in s.extra_metadata.items():
+            extra.setdefault(key, value)
+        names.update({op: uid for op, uid in operators_from_metadata(s.extra_metadata).items() if op not in names})
+        for (op, state), version in s.state_versions.items():
+            versions[(op, state)] = max(version, versions.get((op, state), 0))
+    extra.update(operators_metadata(names))
+    return SnapshotArrowWriter(StateVersionMap(versions), extra)
