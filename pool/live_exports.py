@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pool.domain import FULL_RANGE, KeyGroupRange, LiveExportConfig
 from pool.writers import Fencing, fenced_error
@@ -270,7 +271,7 @@ class LiveExports:
         operator_rows = lead >= NUM_KEY_GROUPS
         mine = ~operator_rows & (lead >= a.key_groups.lo) & (lead <= a.key_groups.hi)
         keyed = (table if mine.all() else table.filter(pa.array(mine))).cast(CANONICAL_SCHEMA)  # no copy when all are its own
-        if keyed.num_rows and (not in_layout_order(keyed) or has_adjacent_repeats(keyed)):
+        if keyed.num_rows > 1 and _may_repeat(keyed):
             keyed = merge_tables([keyed])  # a key sent twice is one row, by the rule merge_snapshot_bytes applies
         operator_state = table.filter(pa.array(operator_rows)) if operator_rows.any() else table.slice(0, 0)
         return SubtaskState(a, keyed, operator_state, checkpoint_id, snap.state_versions, dict(snap.extra_metadata))
@@ -362,6 +363,13 @@ class LiveExports:
         if key_groups is not None:
             table = filter_key_groups(table, wanted.lo, wanted.hi)
         return LiveState(job, table, tuple(answered), tuple(missing), _writer(answered))
+
+
+def _may_repeat(table: pa.Table) -> bool:
+    """Whether a (op_id, key) pair may occur twice: neighbours when sorted, else one hash pass over key_bytes (an equal key of two operators counts)."""
+    if in_layout_order(table):
+        return has_adjacent_repeats(table)
+    return len(pc.unique(table.column("key_bytes"))) != table.num_rows
 
 
 def _clip(r: KeyGroupRange, wanted: KeyGroupRange) -> KeyGroupRange:
