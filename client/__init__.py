@@ -1,4 +1,4 @@
-"""The worker side of the remote-state tier: RemoteReadBackend, its pool client and typed state views."""
+"""The worker side of the remote-state tier: RemoteReadBackend, its pool client, typed state views and the local RocksDB backend."""
 
 from client.backend import BackendConfig, RemoteReadBackend, RestoredCheckpoint, changelog_table, ttl_expired_mask
 from client.errors import (
@@ -26,7 +26,22 @@ from client.pool_client import (
     SavepointInfo,
     WriterLease,
 )
-from client.typed import KeyedInt64State, KeyedState, OperatorInt64State, OperatorState, TtlState, decode_int64, encode_int64
+from client.rocksdb_backend import RocksDBConfig, RocksDBStateBackend, rocksdb_checkpoint_to_arrow
+from client.typed import (
+    KeyedInt64State,
+    KeyedState,
+    ListState,
+    MapState,
+    OperatorInt64State,
+    OperatorState,
+    TtlState,
+    decode_int64,
+    decode_list,
+    decode_map,
+    encode_int64,
+    encode_list,
+    encode_map,
+)
 
 __all__ = [
     "BackendConfig",
@@ -41,6 +56,8 @@ __all__ = [
     "InvalidArgumentError",
     "KeyedInt64State",
     "KeyedState",
+    "ListState",
+    "MapState",
     "MissingOperatorsError",
     "NonRestoredStateError",
     "NotFoundError",
@@ -53,6 +70,8 @@ __all__ = [
     "RemoteReadBackend",
     "RestoredCheckpoint",
     "RetryPolicy",
+    "RocksDBConfig",
+    "RocksDBStateBackend",
     "SavepointInfo",
     "TtlState",
     "UnauthenticatedError",
@@ -60,6 +79,11 @@ __all__ = [
     "WriterLease",
     "changelog_table",
     "decode_int64",
+    "decode_list",
+    "decode_map",
     "encode_int64",
+    "encode_list",
+    "encode_map",
+    "rocksdb_checkpoint_to_arrow",
     "ttl_expired_mask",
 ]

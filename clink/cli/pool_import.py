@@ -19,7 +19,8 @@ from snapshot import NUM_KEY_GROUPS
     required=True,
     metavar="SRC",
     help="The state to import: a snapshot file (canonical or changelog), a `clink state-export --format parquet` file, "
-    "a checkpoint (file:///.../jobs/J/chk-N, s3://...), a savepoint directory, or a pool (grpc://HOST:PORT/JOB[/chk-N]).",
+    "a checkpoint (file:///.../jobs/J/chk-N, s3://...), a savepoint directory, a pool (grpc://HOST:PORT/JOB[/chk-N]), "
+    "or a RocksDB checkpoint directory (rocksdb:///path, as RocksDBStateBackend.create_checkpoint writes it).",
 )
 @click.option(
     "--parallelism",
@@ -48,6 +49,7 @@ def import_cmd(ctx: click.Context, job: str, src: str, parallelism: int, show_pr
       clink-pool import --store file:///pool orders-v2 --from file:///old/pool/jobs/orders/chk-42
       clink-pool import --store s3://bkt/pool orders-v2 --from s3://archive/savepoints/release-7 -o json
       clink-pool import --store file:///pool orders-v2 --from grpc://pool:7420/orders --pool-token "$TOKEN"
+      clink-pool import --store file:///pool orders-v2 --from rocksdb:///var/clink/rocksdb-chk-42
     SRC is read as every `clink` command reads it (`clink --help`); a changelog variant is replayed first.
     """
     from clink.tools.sources import load_source

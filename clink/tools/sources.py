@@ -144,6 +144,10 @@ def parse_source(spec: str) -> SourceRef:
         return _parse_pool(spec)
     if spec.startswith(("http://", "https://")):
         return SourceRef("http", spec)
+    from clink.tools.rocksdb_source import is_rocksdb_spec, parse_rocksdb
+
+    if is_rocksdb_spec(spec):  # a RocksDB checkpoint directory, read by clink/tools/rocksdb_source.py
+        return parse_rocksdb(spec)
     scheme = spec.split("://", 1)[0] if "://" in spec else ""
     if scheme and scheme.lower() not in ("file", "s3") and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
         raise InvalidArgumentError(f"{spec}: unknown source scheme {scheme!r} (use a path, file://, s3://, grpc:// or http://)")
@@ -393,6 +397,10 @@ def load_source(spec: str, config: SourceConfig | None = None, selection: Select
     config = config or SourceConfig()
     selection = selection or Selection()
     ref = savepoint_directory_of(parse_source(spec), config)
+    if ref.kind == "rocksdb":
+        from clink.tools.rocksdb_source import load_rocksdb
+
+        return load_rocksdb(ref, selection)
     if ref.kind == "file":
         data = _read_local(ref)
         if _is_parquet(data):
