@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
 from typing import Literal, overload
@@ -38,6 +38,7 @@ from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
 from snapshot.format import operators_metadata
 from snapshot.key_index import hash_keys
 from snapshot.names import validate_job
+from snapshot.ttl import ttl_expired_mask
 
 __all__ = ["BackendConfig", "RemoteReadBackend", "RestoredCheckpoint", "changelog_table", "ttl_expired_mask"]
 
@@ -205,57 +206,6 @@ class _LruCache:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-def _prefix_mask(keys: pa.Array, prefix: bytes, start: int) -> np.ndarray:
-    """Rows of a binary array whose bytes at [start, start+len(prefix)) equal ``prefix``, vectorised."""
-    n = len(keys)
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1, offset=keys.offset * 4)
-    data_buf = keys.buffers()[2]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
-    lengths = offsets[1:] - offsets[:-1]
-    ok = lengths >= start + len(prefix)
-    if not ok.any():
-        return ok
-    base = offsets[:-1][ok] + start
-    sub = np.ones(base.size, dtype=bool)
-    for j, byte in enumerate(prefix):
-        sub &= data[base + j] == byte
-    ok[np.flatnonzero(ok)] = sub
-    return ok
-
-
-def ttl_expired_mask(table: pa.Table, ttl_slots: Iterable[tuple[int, str, bool]], now_ms: int) -> np.ndarray:
-    """Rows of TTL slots whose 8-byte little-endian expire-at-ms prefix is at or before ``now_ms``, vectorised.
-
-    ``ttl_slots`` holds (op_id, slot, keyed) triples: keyed slots match a key-group leading byte, others 0xFF.
-    """
-    n = table.num_rows
-    expired = np.zeros(n, dtype=bool)
-    if n == 0:
-        return expired
-    keys = table.column("key_bytes").combine_chunks()
-    ops = table.column("op_id").to_numpy()
-    lead = snapshot.leading_bytes(keys)
-    in_slot = np.zeros(n, dtype=bool)
-    for op_id, slot, keyed in ttl_slots:
-        lead_ok = lead < NUM_KEY_GROUPS if keyed else lead == snapshot.OPERATOR_STATE_PREFIX
-        in_slot |= (ops == np.uint64(op_id)) & lead_ok & _prefix_mask(keys, slot.encode("utf-8") + b"|", 1)
-    if not in_slot.any():
-        return expired
-    values = table.column("value_bytes").combine_chunks()
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=n + 1, offset=values.offset * 4)
-    lengths = offsets[1:] - offsets[:-1]
-    rows = np.flatnonzero(in_slot & (lengths >= 8))
-    if rows.size == 0:
-        return expired
-    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)
-    gather = offsets[:-1][rows, None] + np.arange(8)
-    expire_at = data[gather].copy().view("<i8").ravel()
-    expired[rows] = expire_at <= now_ms
-    return expired
 
 
 # a local delta up to this size is sent with the scan for the pool to overlay (pools take requests of 16 MiB by default)
@@ -1220,6 +1170,26 @@ class RemoteReadBackend:
         config = config or LiveExportConfig(host=host, port=port)
         self.live_export = LiveExport(self, config)
         return self.live_export.url
+
+    def export_changelog_snapshot(self) -> bytes:
+        """This range as a changelog stream: a materialisation handle to the read checkpoint, then every local change as log rows.
+
+        Kilobytes where export_arrow_snapshot is the whole range: canonicalise_state_snapshot(data, store=...) with the
+        pool's object store or a PoolClient gives what export_arrow_snapshot gives at the same moment. Before any
+        checkpoint there is no handle, only the changes (docs/format.md, client/changelog_export.py).
+        """
+        return self._again_if_moved_on(self._export_changelog)
+
+    def _export_changelog(self) -> bytes:
+        from client.changelog_export import changelog_snapshot_of
+
+        self._check_open()
+        with self._lock:
+            changes, checkpoint, key_groups = self._local_changes(), self._read_checkpoint, self.key_groups
+            ttl_slots, operators = set(self._ttl_slots), dict(self._operators)
+        return changelog_snapshot_of(
+            self._pool, self.job, key_groups, checkpoint, changes, self.state_versions, operators, ttl_slots, self.config.clock_ms()
+        )
 
     def export_arrow_snapshot(self) -> bytes:
         """The canonical snapshot stream of this range: the pool's scan with every local change overlaid."""

@@ -505,6 +505,12 @@ class PoolClient:
         )
         return _info(resp.checkpoint), resp.manifest_json
 
+    def resolve_handle(self, handle):  # noqa: ANN001, ANN201 - snapshot.handles.Handle -> pa.Table, typed in client/changelog_export.py
+        """The verified rows of a checkpoint handle, so canonicalise_state_snapshot(data, store=this client) works."""
+        from client.changelog_export import PoolHandleResolver
+
+        return PoolHandleResolver(self).resolve_handle(handle)
+
     def delete_checkpoint(self, job: str, checkpoint_id: int) -> None:
         """Delete one checkpoint (its files are left to GC)."""
         job = validate_job(job)

@@ -1,5 +1,6 @@
 """The clink state snapshot format: pure pyarrow, no I/O beyond bytes in and bytes out."""
 
+from snapshot.collections import MAX_COLLECTION_LENGTH, decode_list, decode_map, encode_list, encode_map
 from snapshot.errors import (
     ChecksumMismatchError,
     ClinkError,
@@ -7,7 +8,11 @@ from snapshot.errors import (
     CorruptDataError,
     CorruptSnapshotError,
     FencedError,
+    HandleChecksumError,
+    HandleNeedsStoreError,
+    HandleNotFoundError,
     InvalidArgumentError,
+    MaterialisationHandleError,
     NotFoundError,
     PermissionDeniedError,
     UnauthenticatedError,
@@ -19,6 +24,7 @@ from snapshot.format import (
     CHANGELOG_SCHEMA,
     FORMAT_VERSION,
     ROW_ERASE,
+    ROW_HANDLE,
     ROW_MATERIALISATION,
     ROW_PUT,
     Snapshot,
@@ -30,6 +36,16 @@ from snapshot.format import (
     read_arrow_file,
     read_snapshot,
     write_snapshot,
+)
+from snapshot.handles import (
+    CheckpointHandle,
+    FileHandle,
+    Handle,
+    HandleResolver,
+    changelog_snapshot,
+    file_handle,
+    handles_in,
+    parse_handle,
 )
 from snapshot.keys import (
     NUM_KEY_GROUPS,
@@ -57,12 +73,15 @@ from snapshot.ops import (
     merge_snapshot_bytes,
     merge_tables,
     overlay,
+    read_canonical,
     replay_changelog,
     sort_for_layout,
 )
+from snapshot.ttl import ttl_expired_mask
 from snapshot.versions import StateVersionMap
 
 __all__ = [
+    "MAX_COLLECTION_LENGTH",
     "CANONICAL_SCHEMA",
     "CHANGELOG_SCHEMA",
     "FORMAT_VERSION",
@@ -70,9 +89,28 @@ __all__ = [
     "OPERATOR_STATE_PREFIX",
     "RAW_SLOT",
     "ROW_ERASE",
+    "ROW_HANDLE",
     "ROW_MATERIALISATION",
     "ROW_PUT",
+    "CheckpointHandle",
     "ChecksumMismatchError",
+    "FileHandle",
+    "Handle",
+    "HandleChecksumError",
+    "HandleNeedsStoreError",
+    "HandleNotFoundError",
+    "HandleResolver",
+    "MaterialisationHandleError",
+    "changelog_snapshot",
+    "file_handle",
+    "handles_in",
+    "parse_handle",
+    "read_canonical",
+    "decode_list",
+    "decode_map",
+    "encode_list",
+    "encode_map",
+    "ttl_expired_mask",
     "ClinkError",
     "ConflictError",
     "CorruptDataError",

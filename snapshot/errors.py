@@ -136,3 +136,30 @@ class NonRestoredStateError(InvalidArgumentError):
     def __init__(self, message: str, operators: dict[int, str | None] | None = None) -> None:
         super().__init__(message)
         self.operators = dict(operators or {})
+
+
+class MaterialisationHandleError(CorruptSnapshotError):
+    """A materialisation handle of a changelog snapshot could not be used; ``handle`` names it (job/checkpoint or path).
+
+    A CorruptSnapshotError (so a CorruptDataError): a reader that cannot use a handle must refuse the stream, as any
+    version-1 reader refuses row kind 3.
+    """
+
+    def __init__(self, message: str, handle: str = "") -> None:
+        super().__init__(message)
+        self.handle = handle
+
+
+class HandleNeedsStoreError(MaterialisationHandleError):
+    """A changelog snapshot holds materialisation handles and no store was supplied to resolve them."""
+
+
+class HandleChecksumError(MaterialisationHandleError):
+    """The state a materialisation handle names is not what the handle's checksum or row count says."""
+
+
+class HandleNotFoundError(NotFoundError, MaterialisationHandleError):
+    """The checkpoint or file a materialisation handle names is not in the store supplied."""
+
+    def __init__(self, message: str, handle: str = "") -> None:
+        MaterialisationHandleError.__init__(self, message, handle)

@@ -25,6 +25,8 @@ OPERATORS_KEY = b"clink.operators"
 ROW_MATERIALISATION = 0
 ROW_PUT = 1
 ROW_ERASE = 2
+# a materialisation handle (snapshot/handles.py): rows stored elsewhere; outside 0..2, so a reader that does not know handles fails
+ROW_HANDLE = 3
 
 CANONICAL_FIELDS = [
     pa.field("op_id", pa.uint64(), nullable=False),
@@ -157,6 +159,8 @@ class Snapshot:
     state_versions: StateVersionMap
     metadata: dict[bytes, bytes] = field(default_factory=dict)
     is_changelog: bool = False
+    # the table is canonical, replayed from a changelog (read_canonical): what the input was, for tools that say so
+    replayed: bool = False
 
     @property
     def extra_metadata(self) -> dict[bytes, bytes]:
@@ -262,8 +266,11 @@ def _check_offsets(column: pa.ChunkedArray | pa.Array, name: str) -> None:
             raise CorruptSnapshotError(f"{name} has damaged offsets (values outside the {data_size}-byte data buffer or decreasing)")
 
 
-def check_rows(table: pa.Table | pa.RecordBatch, is_changelog: bool) -> None:
-    """The row-level checks every reader makes: binary offsets inside their data, no nulls, row kinds 0..2."""
+def check_rows(table: pa.Table | pa.RecordBatch, is_changelog: bool, handles: bool = False) -> None:
+    """The row-level checks every reader makes: binary offsets inside their data, no nulls, row kinds 0..2.
+
+    ``handles``: row kind 3 (materialisation handles) is allowed too; without it a handle is a HandleNeedsStoreError naming it.
+    """
     for col, name in zip(table.columns, table.column_names, strict=False):
         if pa.types.is_binary(col.type):
             _check_offsets(col, name)
@@ -271,23 +278,30 @@ def check_rows(table: pa.Table | pa.RecordBatch, is_changelog: bool) -> None:
             raise CorruptSnapshotError(f"{name} has {col.null_count} null(s); columns are non-nullable")
     if is_changelog and table.num_rows:
         largest = pc.max(table.column("row_kind")).as_py()
-        if largest > ROW_ERASE:
-            raise CorruptSnapshotError(f"row_kind {largest} is outside 0 (materialisation), 1 (put), 2 (erase)")
+        if largest == ROW_HANDLE and not handles:
+            from snapshot.handles import refuse_unresolved  # handles.py builds on this module: imported when needed
+
+            refuse_unresolved(table)
+        if largest > (ROW_HANDLE if handles else ROW_ERASE):
+            raise CorruptSnapshotError(f"row_kind {largest} is outside 0 (materialisation), 1 (put), 2 (erase), 3 (handle)")
 
 
-def _snapshot_of(table: pa.Table, metadata: dict[bytes, bytes], is_changelog: bool) -> Snapshot:
+def _snapshot_of(table: pa.Table, metadata: dict[bytes, bytes], is_changelog: bool, handles: bool = False) -> Snapshot:
     version = parse_format_version(metadata)
     raw_versions = metadata.get(STATE_VERSIONS_KEY)
     state_versions = StateVersionMap.unpack(raw_versions) if raw_versions is not None else StateVersionMap()
-    check_rows(table, is_changelog)
+    check_rows(table, is_changelog, handles)
     expected = CHANGELOG_SCHEMA if is_changelog else CANONICAL_SCHEMA
     if not table.schema.equals(expected):  # only nullability flags can differ here; re-labelling is zero-copy
         table = pa.Table.from_arrays(table.columns, schema=expected.with_metadata(metadata))
     return Snapshot(table, version, state_versions, metadata, is_changelog)
 
 
-def read_snapshot(data: Bytesish | pa.NativeFile, limits: ReadLimits = DEFAULT_LIMITS) -> Snapshot:
+def read_snapshot(data: Bytesish | pa.NativeFile, limits: ReadLimits = DEFAULT_LIMITS, handles: bool = False) -> Snapshot:
     """The reference reader: check the stream is whole, its schema, nulls, offsets and metadata; return the table and what it declares.
+
+    A changelog holding materialisation handles (row kind 3) is a HandleNeedsStoreError naming them, unless ``handles``
+    (canonicalise_state_snapshot reads them so, to resolve them through a store).
 
     Every message is checked before anything is decoded (snapshot/messages.py): compressed or dictionary batches are refused,
     and ``limits`` bound the bytes and the number of batches, so a small crafted stream cannot make the reader allocate gigabytes.
@@ -312,7 +326,7 @@ def read_snapshot(data: Bytesish | pa.NativeFile, limits: ReadLimits = DEFAULT_L
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptSnapshotError(f"stream is truncated or damaged: {exc}") from exc
     _check_end_of_stream(buffer, source.tell())
-    return _snapshot_of(table, metadata, is_changelog)
+    return _snapshot_of(table, metadata, is_changelog, handles)
 
 
 def read_arrow_file(data: Bytesish | pa.NativeFile) -> Snapshot:

@@ -8,17 +8,30 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from snapshot.errors import InvalidArgumentError
+from snapshot.errors import ClinkError, InvalidArgumentError, MaterialisationHandleError, prefixed
 from snapshot.format import (
     CANONICAL_SCHEMA,
+    CHANGELOG_SCHEMA,
     ROW_ERASE,
     ROW_MATERIALISATION,
     Bytesish,
+    Snapshot,
     SnapshotArrowWriter,
+    conform,
     empty_table,
     read_snapshot,
 )
+from snapshot.handles import (
+    CheckpointHandle,
+    Handle,
+    HandleResolver,
+    as_resolver,
+    handle_positions,
+    handles_at,
+    refuse_unresolved,
+)
 from snapshot.keys import NUM_KEY_GROUPS, check_key_group_range, leading_bytes
+from snapshot.ttl import TTL_FILTER_KEY, drop_expired, parse_ttl_filter
 
 _EMPTY_SEP = pa.scalar(b"", pa.binary())
 
@@ -172,13 +185,74 @@ def merge_tables(tables: Iterable[pa.Table]) -> pa.Table:
     return table.take(pa.array(np.sort(idx[chosen])))
 
 
-def canonicalise_state_snapshot(data: Bytesish) -> bytes:
-    """Any snapshot blob to the canonical form: canonical passes through, changelog is replayed."""
-    snap = read_snapshot(data)
+def _resolved_rows(handle: Handle, resolver: HandleResolver) -> pa.Table:
+    """The canonical rows one handle names, through ``resolver``; every failure is an error naming the handle."""
+    name = handle.describe()
+    try:
+        rows = resolver.resolve_handle(handle)
+        rows = conform(rows.select(["op_id", "key_bytes", "value_bytes"]).replace_schema_metadata(None))
+    except MaterialisationHandleError:
+        raise
+    except ClinkError as exc:
+        raise prefixed(exc, f"materialisation handle {name}") from exc
+    except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
+        raise MaterialisationHandleError(f"materialisation handle {name}: the store answered with unusable rows: {exc}", name) from exc
+    if isinstance(handle, CheckpointHandle) and rows.num_rows:
+        rows = filter_key_groups(rows, *handle.key_groups)  # a handle names its range only, whatever a resolver returns
+    return rows
+
+
+def expand_handles(changelog: pa.Table, store: HandleResolver | object | None) -> pa.Table:
+    """A changelog with every handle row replaced, in place, by the materialisation rows it names (the rest as it is)."""
+    positions = handle_positions(changelog)
+    if positions.size == 0:
+        return changelog
+    handles = handles_at(changelog, positions)  # every handle parsed and checked before any is fetched
+    if store is None:
+        refuse_unresolved(changelog)
+    resolver = as_resolver(store)
+    pieces, start = [], 0
+    for pos, handle in zip(positions.tolist(), handles, strict=True):
+        pieces.append(changelog.slice(start, pos - start))
+        rows = _resolved_rows(handle, resolver)
+        kinds = pa.array(np.full(rows.num_rows, ROW_MATERIALISATION, dtype=np.uint8))
+        pieces.append(pa.Table.from_arrays([kinds, *rows.columns], schema=CHANGELOG_SCHEMA))
+        start = pos + 1
+    pieces.append(changelog.slice(start))
+    return pa.concat_tables([p.cast(CHANGELOG_SCHEMA) for p in pieces if p.num_rows] or [empty_table(changelog=True)])
+
+
+def read_canonical(data: Bytesish, store: HandleResolver | object | None = None) -> Snapshot:
+    """Any snapshot blob read into its canonical table: a changelog's handles resolved through ``store``, then replayed.
+
+    Replay order: materialisation rows first (a handle's rows where the handle stands), then puts and erases in stream
+    order; then a clink.ttl_filter, if the stream carries one, drops the rows of its TTL slots expired at its cut time.
+    The result's metadata is the input's, less clink.ttl_filter; ``replayed`` says the input was a changelog.
+    """
+    snap = read_snapshot(data, handles=True)
     if not snap.is_changelog:
+        return snap
+    table = canonical_from_changelog(expand_handles(snap.table, store))
+    metadata = dict(snap.metadata)
+    ttl = parse_ttl_filter(metadata)
+    if ttl is not None:
+        table = drop_expired(table, *ttl)
+        metadata.pop(TTL_FILTER_KEY)
+    return Snapshot(table, snap.format_version, snap.state_versions, metadata, is_changelog=False, replayed=True)
+
+
+def canonicalise_state_snapshot(data: Bytesish, store: HandleResolver | object | None = None) -> bytes:
+    """Any snapshot blob to the canonical form: canonical passes through, a changelog is replayed (read_canonical).
+
+    ``store`` resolves materialisation handles: an object store (store.open_store), a PoolClient, or any HandleResolver.
+    A changelog with handles and no store is a HandleNeedsStoreError naming them; a handle that cannot be resolved, or
+    whose checksum differs, is a MaterialisationHandleError naming it.
+    """
+    snap = read_canonical(data, store)
+    if not snap.replayed:
         return bytes(data) if not isinstance(data, pa.Buffer) else data.to_pybytes()
     writer = SnapshotArrowWriter(snap.state_versions, snap.extra_metadata)
-    return writer.write(canonical_from_changelog(snap.table))
+    return writer.write(snap.table)
 
 
 def merge_snapshot_bytes(blobs: Iterable[Bytesish]) -> bytes:

@@ -259,6 +259,12 @@ class ObjectStore(ABC):
         """Read the store's top level once, as cheaply as it allows (a server's startup check); the store's error otherwise."""
         self.list_prefixes("")
 
+    def resolve_handle(self, handle):  # noqa: ANN001, ANN201 - snapshot.handles.Handle -> pa.Table, typed in store/handles.py
+        """The verified rows a materialisation handle names in this store, so canonicalise_state_snapshot(data, store=it) works."""
+        from store.handles import StoreHandleResolver
+
+        return StoreHandleResolver(self).resolve_handle(handle)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
 

@@ -38,13 +38,17 @@ if TYPE_CHECKING:
 
 SOURCES_HELP = """\b
 SRC may be:
-  state.snap                                   a snapshot file (canonical or changelog variant)
+  state.snap                                   a snapshot file (canonical or changelog variant; a changelog
+                                               with materialisation handles needs --store URI)
   file:///data/jobs/JOB/chk-7[/_metadata]      a checkpoint in a local store (also file:/data/...,
                                                file://localhost/data/..., or the bare path data/jobs/...)
   s3://bucket/prefix/jobs/JOB/chk-7            a checkpoint in S3 (--s3-endpoint-url for MinIO, SeaweedFS, moto)
   file:///data/savepoints/NAME, s3://...       a savepoint
   grpc://HOST:PORT/JOB[/chk-N]                 a pool: its newest complete checkpoint, or checkpoint N
-  http://HOST:PORT/jobs/JOB/state.arrow?...    a pool's HTTP export (clink-pool serve --http-port)"""
+  http://HOST:PORT/jobs/JOB/state.arrow?...    a pool's HTTP export (clink-pool serve --http-port; ?live=1 for
+                                               the running job's live state)
+  rocksdb:///path/to/checkpoint                a RocksDB checkpoint or database directory (read-only; needs
+                                               the [rocksdb] extra)"""
 
 
 # how state-cat, state-diff and the query projection render bytes (clink/tools/projections.py render_bytes)
@@ -102,8 +106,18 @@ POOL_OPTIONS = (
     ),
 )
 
+# a changelog snapshot's materialisation handles name state stored elsewhere: --store says where (docs/format.md)
+HANDLE_STORE_OPTION = shared_option(
+    "--store",
+    "handle_store",
+    metavar="URI",
+    help="Where the materialisation handles of a changelog snapshot (export_changelog_snapshot) are resolved: the pool's store "
+    "root (s3://bucket/prefix, file:///path or a directory) or the pool itself (grpc://HOST:PORT). Each handle is verified "
+    "(commit digest, SHA-256, rows); one that cannot be is an error naming it.",
+)
+
 # every command takes these before or after its name: `clink --s3-region R state-cat SRC` = `clink state-cat SRC --s3-region R`
-SOURCE_OPTIONS = (*S3_OPTIONS, *POOL_OPTIONS, OUTPUT_OPTION)
+SOURCE_OPTIONS = (*S3_OPTIONS, *POOL_OPTIONS, HANDLE_STORE_OPTION, OUTPUT_OPTION)
 # the shared options of a command that reads no SRC, when not all of them (its --help lists only what it uses)
 OWN_SHARED_OPTIONS: dict[str, tuple] = {"demo": (OUTPUT_OPTION,)}
 
@@ -207,6 +221,7 @@ def source_config(ctx: click.Context):
         pool_tls_client_cert=read_pem("pool_cert_file", "--pool-cert-file"),
         pool_tls_client_key=read_pem("pool_key_file", "--pool-key-file"),
         insecure=bool(value("insecure", False)),
+        handle_store=value("handle_store"),
     )
 
 
@@ -629,6 +644,7 @@ Formats:
 \b
 Examples:
   clink state-export --from state.snap --out state.parquet
+  clink state-export --from changelog.snap --store s3://bkt/pool --out state.arrow
   clink state-export --from grpc://127.0.0.1:7420/orders --out orders.arrow --key-groups 0-63
   clink state-export --from s3://bkt/jobs/orders/chk-9 --format iceberg \\
       --catalog-uri sqlite:////tmp/cat.db --warehouse file:///tmp/wh --table clink.orders

@@ -20,9 +20,7 @@ from snapshot import (
     StateVersionMap,
     UnauthenticatedError,
     UnavailableError,
-    canonical_from_changelog,
     filter_key_groups,
-    read_snapshot,
 )
 from snapshot.errors import ConflictError, CorruptDataError, LimitExceededError, error_class_named, prefixed, rebuilt
 from snapshot.format import FORMAT_VERSION
@@ -55,6 +53,8 @@ class SourceConfig:
     pool_tls_client_key: bytes | None = None
     # allow sending the token over plaintext to a host other than this machine (it can be read on the way)
     insecure: bool = False
+    # where the materialisation handles of changelog snapshots are resolved (--store: s3://, file://, grpc://HOST:PORT)
+    handle_store: str | None = None
 
 
 @dataclass(frozen=True)
@@ -264,19 +264,23 @@ def apply_selection(table: pa.Table, selection: Selection) -> pa.Table:
     return table
 
 
-def snapshot_source(ref: SourceRef, data: bytes | pa.Buffer | pa.NativeFile, selection: Selection) -> StateSource:
-    """A StateSource from snapshot bytes (canonical or changelog variant, which is replayed)."""
+def snapshot_source(
+    ref: SourceRef, data: bytes | pa.Buffer | pa.NativeFile, selection: Selection, config: SourceConfig | None = None
+) -> StateSource:
+    """A StateSource from snapshot bytes (canonical or changelog variant, replayed; its handles resolved via config.handle_store)."""
+    from clink.tools.handle_store import source_handles
+    from snapshot.format import operators_from_metadata
+    from snapshot.ops import read_canonical
+
     try:
-        snap = read_snapshot(data)
+        with source_handles(config) as handles:
+            snap = read_canonical(data, handles)
     except ClinkError as exc:
         raise _with_prefix(exc, ref.describe()) from exc
-    from snapshot.format import operators_from_metadata
-
-    table = canonical_from_changelog(snap.table) if snap.is_changelog else snap.table
-    table = apply_selection(table, selection)
+    table = apply_selection(snap.table, selection)
     operators: dict[int, str | None] = {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {}
     operators.update(operators_from_metadata(snap.extra_metadata))  # the uids a stream names (clink.operators), when it does
-    return StateSource(ref, table, snap.format_version, snap.state_versions, snap.extra_metadata, operators, snap.is_changelog)
+    return StateSource(ref, table, snap.format_version, snap.state_versions, snap.extra_metadata, operators, snap.replayed)
 
 
 def _read_local(ref: SourceRef) -> pa.NativeFile:
@@ -405,18 +409,18 @@ def load_source(spec: str, config: SourceConfig | None = None, selection: Select
         data = _read_local(ref)
         if _is_parquet(data):
             return parquet_source(ref, selection)
-        return snapshot_source(ref, data, selection)
+        return snapshot_source(ref, data, selection, config)
     if ref.kind == "object":
         store = open_source_store(ref, config)
         try:
             data = store.get(ref.path)
         except ClinkError as exc:
             raise _with_prefix(exc, ref.spec) from exc
-        return snapshot_source(ref, data, selection)
+        return snapshot_source(ref, data, selection, config)
     if ref.kind in ("checkpoint", "savepoint"):
         return _load_stored(ref, config, selection)
     if ref.kind == "http":
-        return snapshot_source(ref, _fetch_http(ref, config), selection)
+        return snapshot_source(ref, _fetch_http(ref, config), selection, config)
     return _load_pool(ref, config, selection)
 
 
