@@ -50,8 +50,8 @@ class LiveExportConfig:
             raise InvalidArgumentError("a live export's TLS needs both tls_cert_pem and tls_key_pem")
         if isinstance(self.ttl_s, bool) or not isinstance(self.ttl_s, int) or not 3 <= self.ttl_s <= 300:
             raise InvalidArgumentError(f"live export ttl_s {self.ttl_s!r} must be 3..300 seconds")
-        if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
-            raise InvalidArgumentError("a live export token must be non-empty and hold no whitespace")
+        if self.token is not None and (not self.token or any(not 0x21 <= ord(c) <= 0x7E for c in self.token)):
+            raise InvalidArgumentError("a live export token must be non-empty visible ASCII (no spaces or controls)")
         for what, host in (("on", self.host), ("advertised at", self.advertise_host)):
             if host is not None and self.tls_cert_pem is None and not is_loopback(host):
                 raise InvalidArgumentError(
@@ -117,6 +117,28 @@ class _Server(ThreadingHTTPServer):
         super().server_activate()
         self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.header_deadlines = _HeaderDeadlines()
+        self.stopped = False
+        self._open: set[_Handler] = set()
+        self._open_lock = threading.Lock()
+
+    def opened(self, handler: _Handler) -> bool:
+        """Track a connection until it ends; False (the caller closes it) once the export stopped."""
+        with self._open_lock:
+            if not self.stopped:
+                self._open.add(handler)
+            return not self.stopped
+
+    def ended(self, handler: _Handler) -> None:
+        with self._open_lock:
+            self._open.discard(handler)
+
+    def cut_all(self) -> None:
+        """Stop answering: every open connection (a kept-alive one included) is cut at once."""
+        with self._open_lock:
+            self.stopped = True
+            handlers = list(self._open)
+        for h in handlers:
+            h.cut()
 
     def process_request(self, request, client_address) -> None:  # noqa: ANN001 - the stdlib's signature
         if not self._connections.acquire(blocking=False):
@@ -146,7 +168,22 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = SOCKET_TIMEOUT_S
     server: _Server
 
+    def setup(self) -> None:
+        super().setup()
+        if not self.server.opened(self):
+            self.close_connection = True
+            self.cut()
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.ended(self)
+
     def handle_one_request(self) -> None:
+        if self.server.stopped:  # a kept-alive connection of a stopped export gets nothing more
+            self.close_connection = True
+            return
         # the request line and headers (a TLS handshake included) within ``timeout`` in all: trickling bytes is no help
         self.server.header_deadlines.arm(self, self.timeout)
         try:
@@ -155,8 +192,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.header_deadlines.disarm(self)
 
     def parse_request(self) -> bool:
+        parsed = super().parse_request()  # reads the request's headers: still under the deadline
         self.server.header_deadlines.disarm(self)  # the headers are in: what follows is under the socket timeout
-        return super().parse_request()
+        return parsed
 
     def cut(self) -> None:
         """Shut the connection down (its thread's read fails at once)."""
@@ -309,6 +347,7 @@ class LiveExport:
 
     def _close_server(self) -> None:
         self._server.shutdown()
+        self._server.cut_all()  # kept-alive connections too: a stopped export serves nothing
         self._server.server_close()
         self._serving.join(timeout=10)
 

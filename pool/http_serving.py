@@ -59,10 +59,11 @@ class PoolRequestHandler(BaseHTTPRequestHandler):
                 deadlines.disarm(self)
 
     def parse_request(self) -> bool:
+        parsed = super().parse_request()  # reads the request's headers: still under the deadline
         deadlines = getattr(self.server, "header_deadlines", None)
         if deadlines is not None:
             deadlines.disarm(self)  # the headers are in: what follows is under the socket timeout
-        return super().parse_request()
+        return parsed
 
     def cut(self) -> None:
         """Shut the connection down (its thread's read fails at once)."""

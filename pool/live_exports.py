@@ -132,8 +132,9 @@ class LiveExports:
         check_live_url(url)
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or not 1 <= ttl_s <= self.config.max_ttl_s:
             raise InvalidArgumentError(f"live export ttl_seconds {ttl_s!r} must be 1..{self.config.max_ttl_s}")
-        if len(token) > 4096:
-            raise InvalidArgumentError("live export token is longer than 4096 characters")
+        if len(token) > 4096 or any(not 0x21 <= ord(c) <= 0x7E for c in token):
+            # a bearer goes into a header line: visible ASCII only (a newline would leak it into http.client's error)
+            raise InvalidArgumentError("a live export token must be at most 4096 visible ASCII characters (no spaces or controls)")
         table = self.fencing.check(job, key_groups, epoch)  # a zombie cannot announce
         now = self._clock()
         entry = LiveAnnouncement(job, key_groups, epoch, url, token, now + ttl_s)
@@ -211,11 +212,12 @@ class LiveExports:
         return http.client.HTTPConnection(host, parts.port, timeout=timeout)
 
     def _fetch(
-        self, a: LiveAnnouncement, deadline: float, budget: list[int], connections: dict[int, http.client.HTTPConnection]
+        self, a: LiveAnnouncement, deadline: float, budget: list[int], connections: dict[int, http.client.HTTPConnection], cut: set[int]
     ) -> SubtaskState:
         """GET one subtask's state; UnavailableError naming its range for any failure (the pool stays up, the export says which).
 
-        Its connection is kept in ``connections`` (by announcement index) so that live_state can cut it at the deadline.
+        Its connection is kept in ``connections`` (by id of the announcement) so that _gather can cut it at the deadline;
+        ``cut`` holds the ids _gather gave up on (a connection made after that is closed before it sends anything).
         """
         what = f"the subtask of key groups {a.key_groups} of job {a.job} ({a.url})"
         remaining = deadline - self._clock()
@@ -229,6 +231,9 @@ class LiveExports:
         connections[id(a)] = conn
         chunks = []
         try:
+            conn.connect()  # a slow name lookup may outlast the deadline: checked below, before anything is sent
+            if id(a) in cut or self._clock() > deadline:
+                raise UnavailableError(f"{what} did not answer within {self.config.fetch_timeout_s:g} s")
             conn.request("GET", target, headers={"Authorization": f"Bearer {a.token}"} if a.token else {})
             response = conn.getresponse()
             if response.status != 200:
@@ -236,10 +241,17 @@ class LiveExports:
             job, kg = response.getheader(JOB_HEADER), response.getheader(KEY_GROUPS_HEADER)
             if job != a.job or kg != str(a.key_groups):
                 raise UnavailableError(f"{what} answered for job {job!r} key groups {kg!r}: not the subtask announced")
+            length = response.getheader("Content-Length")
+            if length is not None and length.isdigit() and int(length) > budget[0]:
+                raise LimitExceededError(
+                    f"live export of job {a.job}: the subtasks' state is over {self.config.max_bytes} bytes, the pool's limit"
+                )
             while True:
                 if self._clock() > deadline:
                     raise UnavailableError(f"{what} did not finish within {self.config.fetch_timeout_s:g} s")
-                chunk = response.read(_READ_CHUNK)
+                with self._lock:
+                    left = budget[0]
+                chunk = response.read(max(1, min(_READ_CHUNK, left + 1)))  # never more than one byte past the budget
                 if not chunk:
                     break
                 with self._lock:
@@ -254,9 +266,11 @@ class LiveExports:
         except ClinkError:
             raise
         except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut, TLS refused, not HTTP
-            if self._clock() > deadline:
+            if self._clock() > deadline or id(a) in cut:
                 raise UnavailableError(f"{what} did not finish within {self.config.fetch_timeout_s:g} s") from None
-            raise UnavailableError(f"{what} did not answer: {type(exc).__name__}: {exc}"[:500]) from None
+            # an OS error says what the network did; the others would echo the peer's bytes or a header: their type only
+            reason = f"{type(exc).__name__}: {exc}"[:300] if isinstance(exc, OSError) else f"{type(exc).__name__} (not an HTTP answer)"
+            raise UnavailableError(f"{what} did not answer: {reason}") from None
         finally:
             conn.close()
         try:
@@ -283,17 +297,19 @@ class LiveExports:
         deadline = self._clock() + self.config.fetch_timeout_s
         budget = [self.config.max_bytes]
         connections: dict[int, http.client.HTTPConnection] = {}
+        cut: set[int] = set()
         own = executor is None
         pool = executor or ThreadPoolExecutor(max_workers=min(16, max(1, len(chosen))), thread_name_prefix="live-fetch")
         answered: list[SubtaskState] = []
         failed: list[tuple[LiveAnnouncement, ClinkError]] = []
         try:
             futures: list[tuple[LiveAnnouncement, Future[SubtaskState]]] = [
-                (a, pool.submit(self._fetch, a, deadline, budget, connections)) for a in chosen
+                (a, pool.submit(self._fetch, a, deadline, budget, connections, cut)) for a in chosen
             ]
             wait([f for _, f in futures], timeout=max(0.0, deadline - self._clock()) + 0.05)
             for a, future in futures:
                 if not future.done():  # a subtask trickling its answer: cut it, its thread ends at once
+                    cut.add(id(a))  # first: a connection made after this sees it and sends nothing
                     _cut(connections.get(id(a)))
                     future.cancel()
                     failed.append(
