@@ -212,6 +212,39 @@ class _LruCache:
 INLINE_SCAN_DELTA_BYTES = 8 << 20
 
 
+def checked_put_many(
+    op_id: int, keys: Sequence[bytes] | pa.Array, values: Sequence[bytes] | pa.Array, key_groups: tuple[int, int]
+) -> tuple[pa.Array, pa.Array]:
+    """put_many's input as two binary arrays, checked in bulk for a backend of ``key_groups`` (every backend's one check).
+
+    InvalidArgumentError names the first bad row: a null, an empty key, a key outside ``key_groups``, lengths that differ.
+    """
+    _check_op_id(op_id)
+    key_array = _binary_array(keys, "keys")
+    value_array = _binary_array(values, "values")
+    n = len(key_array)
+    if len(value_array) != n:
+        raise InvalidArgumentError(f"put_many got {n} keys and {len(value_array)} values; they must pair up")
+    if n == 0:
+        return key_array, value_array
+    for name, array in (("keys", key_array), ("values", value_array)):
+        if array.null_count:
+            first = int(pc.index(array.is_null(), True).as_py())
+            raise InvalidArgumentError(f"put_many {name}[{first}] is null; use erase to remove a key")
+    lengths = pc.binary_length(key_array)
+    if pc.min(lengths).as_py() == 0:
+        first = int(pc.index(pc.equal(lengths, 0), True).as_py())
+        raise InvalidArgumentError(f"put_many keys[{first}] is empty; a state key starts with its key-group byte (or 0xFF)")
+    lead = snapshot.leading_bytes(key_array)
+    lo, hi = key_groups
+    outside = (lead < NUM_KEY_GROUPS) & ((lead < lo) | (lead > hi))
+    if outside.any():
+        first = int(np.flatnonzero(outside)[0])
+        key = key_array[first].as_py()
+        raise InvalidArgumentError(f"put_many keys[{first}] {key[:32]!r} is in key group {key[0]}, outside this backend's range {lo}-{hi}")
+    return key_array, value_array
+
+
 class RemoteReadBackend:
     """A worker's keyed and operator state for one key-group range of a job, read through a RemotePool.
 
@@ -454,31 +487,10 @@ class RemoteReadBackend:
         backend's key groups, lengths that differ) raises InvalidArgumentError naming the first bad row and writes nothing.
         """
         self._check_open()
-        _check_op_id(op_id)
-        key_array = _binary_array(keys, "keys")
-        value_array = _binary_array(values, "values")
+        key_array, value_array = checked_put_many(op_id, keys, values, self.key_groups)
         n = len(key_array)
-        if len(value_array) != n:
-            raise InvalidArgumentError(f"put_many got {n} keys and {len(value_array)} values; they must pair up")
         if n == 0:
             return 0
-        for name, array in (("keys", key_array), ("values", value_array)):
-            if array.null_count:
-                first = int(pc.index(array.is_null(), True).as_py())
-                raise InvalidArgumentError(f"put_many {name}[{first}] is null; use erase to remove a key")
-        lengths = pc.binary_length(key_array)
-        if pc.min(lengths).as_py() == 0:
-            first = int(pc.index(pc.equal(lengths, 0), True).as_py())
-            raise InvalidArgumentError(f"put_many keys[{first}] is empty; a state key starts with its key-group byte (or 0xFF)")
-        lead = snapshot.leading_bytes(key_array)
-        lo, hi = self.key_groups
-        outside = (lead < NUM_KEY_GROUPS) & ((lead < lo) | (lead > hi))
-        if outside.any():
-            first = int(np.flatnonzero(outside)[0])
-            key = key_array[first].as_py()
-            raise InvalidArgumentError(
-                f"put_many keys[{first}] {key[:32]!r} is in key group {key[0]}, outside this backend's range {lo}-{hi}"
-            )
         changelog = pa.Table.from_arrays(
             [
                 pa.array(np.full(n, snapshot.ROW_PUT, dtype=np.uint8)),

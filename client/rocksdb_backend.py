@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import snapshot
-from client.backend import _binary_array, _check_op_id, _check_range
+from client.backend import _check_op_id, _check_range, checked_put_many
 from snapshot import NUM_KEY_GROUPS, StateVersionMap
 from snapshot.errors import ClinkError, ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError
 from snapshot.format import operators_metadata
@@ -382,31 +382,10 @@ class RocksDBStateBackend:
         from rocksdict import WriteBatch
 
         self._check_open()
-        _check_op_id(op_id)
-        key_array = _binary_array(keys, "keys")
-        value_array = _binary_array(values, "values")
+        key_array, value_array = checked_put_many(op_id, keys, values, self.key_groups)
         n = len(key_array)
-        if len(value_array) != n:
-            raise InvalidArgumentError(f"put_many got {n} keys and {len(value_array)} values; they must pair up")
         if n == 0:
             return 0
-        for name, array in (("keys", key_array), ("values", value_array)):
-            if array.null_count:
-                first = int(pc.index(array.is_null(), True).as_py())
-                raise InvalidArgumentError(f"put_many {name}[{first}] is null; use erase to remove a key")
-        lengths = pc.binary_length(key_array)
-        if pc.min(lengths).as_py() == 0:
-            first = int(pc.index(pc.equal(lengths, 0), True).as_py())
-            raise InvalidArgumentError(f"put_many keys[{first}] is empty; a state key starts with its key-group byte (or 0xFF)")
-        lead = snapshot.leading_bytes(key_array)
-        lo, hi = self.key_groups
-        outside = (lead < NUM_KEY_GROUPS) & ((lead < lo) | (lead > hi))
-        if outside.any():
-            first = int(np.flatnonzero(outside)[0])
-            key = key_array[first].as_py()
-            raise InvalidArgumentError(
-                f"put_many keys[{first}] {key[:32]!r} is in key group {key[0]}, outside this backend's range {lo}-{hi}"
-            )
         prefix = pa.array([op_id.to_bytes(OP_ID_BYTES, "big")], pa.binary()).take(pa.array(np.zeros(n, dtype=np.int32)))
         composite = pc.binary_join_element_wise(prefix, key_array, b"")
         batch = WriteBatch(raw_mode=True)
