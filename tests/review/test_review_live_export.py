@@ -34,27 +34,6 @@ from tests.live_review_fixtures import (
     subtasks,
 )
 
-
-@pytest.fixture
-def pool() -> Iterator[PoolServer]:
-    """A pool on loopback with the default live export limits."""
-    server = start()
-    try:
-        yield server
-    finally:
-        server.stop(0)
-
-
-@pytest.fixture
-def quick_pool() -> Iterator[PoolServer]:
-    """A pool whose live fetches have 1 s and 1 MiB in all."""
-    server = start(PoolLiveConfig(fetch_timeout_s=1.0, max_bytes=1 << 20))
-    try:
-        yield server
-    finally:
-        server.stop(0)
-
-
 # ---- defects ---------------------------------------------------------------------------------------------------
 
 

@@ -6,14 +6,12 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
 
 import snapshot
 from client.backend import RemoteReadBackend
-from pool.domain import LiveExportConfig as PoolLiveConfig
 from pool.server import PoolServer
 from tests.client_fixtures import FOUR, OP_COUNT, OP_SOURCE, OP_WINDOW, Model, keyed_keys, owner, table_model
 from tests.live_review_fixtures import (
@@ -23,29 +21,8 @@ from tests.live_review_fixtures import (
     fake_subtask,
     get,
     live_url,
-    start,
     subtasks,
 )
-
-
-@pytest.fixture
-def pool() -> Iterator[PoolServer]:
-    """A pool on loopback with the default live export limits."""
-    server = start()
-    try:
-        yield server
-    finally:
-        server.stop(0)
-
-
-@pytest.fixture
-def quick_pool() -> Iterator[PoolServer]:
-    """A pool whose live fetches have 1 s and 1 MiB in all."""
-    server = start(PoolLiveConfig(fetch_timeout_s=1.0, max_bytes=1 << 20))
-    try:
-        yield server
-    finally:
-        server.stop(0)
 
 
 def port_of(url: str) -> int:
