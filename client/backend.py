@@ -1198,7 +1198,10 @@ class RemoteReadBackend:
         self._check_open()
         with self._lock:
             changes, checkpoint, key_groups = self._local_changes(), self._read_checkpoint, self.key_groups
-            ttl_slots, operators = set(self._ttl_slots), dict(self._operators)
+            ttl_slots, operators, attempt = set(self._ttl_slots), dict(self._operators), self._attempt
+        if checkpoint is not None:
+            # the handle names the checkpoint id as it is now: it must still be the commit this attempt reads (not re-made)
+            self._check_version(checkpoint, attempt)
         return changelog_snapshot_of(
             self._pool, self.job, key_groups, checkpoint, changes, self.state_versions, operators, ttl_slots, self.config.clock_ms()
         )
@@ -1212,8 +1215,11 @@ class RemoteReadBackend:
         with self._lock:
             changes = self._local_changes()
             checkpoint = self._read_checkpoint
-            ttl_slots = set(self._ttl_slots)
+            ttl_slots, attempt = set(self._ttl_slots), self._attempt
         lo, hi = self.key_groups
+        if checkpoint is not None:
+            # one DescribeCheckpoint: the id must still be the commit this attempt reads (not one a newer attempt re-made)
+            self._check_version(checkpoint, attempt)
         if checkpoint is None:
             table = snapshot.filter_key_groups(snapshot.canonical_from_changelog(changes), lo, hi)
             # the uids travel with the rows, as in a pool's scan, so tools name operators

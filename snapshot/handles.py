@@ -119,15 +119,35 @@ def _handle_error(doc: object, what: str) -> MaterialisationHandleError:
     return MaterialisationHandleError(f"materialisation handle {doc!r} is malformed: {what}", str(doc)[:200])
 
 
+# the fields of each kind, exactly: a field this reader does not know could change what the handle means, so it fails
+HANDLE_FIELDS = {
+    "checkpoint": frozenset({"kind", "job", "checkpoint", "key_groups", "commit_sha256"}),
+    "file": frozenset({"kind", "path", "sha256", "rows"}),
+}
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members; a member named twice is refused (two readers could take different ones)."""
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise ValueError(f"duplicate member {key!r}")
+        doc[key] = value
+    return doc
+
+
 def parse_handle(value: bytes | str) -> Handle:
     """The handle a row's value_bytes holds; MaterialisationHandleError naming what is wrong otherwise."""
     try:
-        doc = json.loads(value)
-    except (ValueError, UnicodeDecodeError):
-        raise _handle_error(value[:200], "its value is not JSON") from None
+        doc = json.loads(value, object_pairs_hook=_unique_pairs)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _handle_error(value[:200], f"its value is not a JSON object with unique members ({exc})"[:300]) from None
     if not isinstance(doc, dict):
         raise _handle_error(doc, "its value is not a JSON object")
     kind = doc.get("kind")
+    if isinstance(kind, str) and kind in HANDLE_FIELDS and set(doc) != HANDLE_FIELDS[kind]:
+        unknown, missing = sorted(set(doc) - HANDLE_FIELDS[kind]), sorted(HANDLE_FIELDS[kind] - set(doc))
+        raise _handle_error(doc, f"a {kind} handle has exactly {sorted(HANDLE_FIELDS[kind])} (unknown {unknown}, missing {missing})")
     if kind == "checkpoint":
         job, checkpoint, groups, digest = (doc.get(k) for k in ("job", "checkpoint", "key_groups", "commit_sha256"))
         name = f"checkpoint {checkpoint} of job {job}"
@@ -235,11 +255,11 @@ def handles_at(table: pa.Table, positions: np.ndarray) -> list[Handle]:
     keys = rows.column("key_bytes").to_pylist()
     values = rows.column("value_bytes").to_pylist()
     out = []
-    for op, key, value in zip(ops.tolist(), keys, values, strict=True):
-        if op != HANDLE_OP_ID or not key.startswith(HANDLE_KEY_PREFIX):
+    for index, (op, key, value) in enumerate(zip(ops.tolist(), keys, values, strict=True)):
+        if op != HANDLE_OP_ID or key != HANDLE_KEY_PREFIX + str(index).encode():
             raise MaterialisationHandleError(
-                f"a row_kind 3 row (materialisation handle) has op_id {op} and key {key[:40]!r}; a handle's op_id is 2**64-1 "
-                f"and its key starts with {HANDLE_KEY_PREFIX!r}",
+                f"a row_kind 3 row (materialisation handle) has op_id {op} and key {key[:40]!r}; handle {index}'s op_id is 2**64-1 "
+                f"and its key {HANDLE_KEY_PREFIX + str(index).encode()!r}",
                 f"row key {key[:40]!r}",
             )
         out.append(parse_handle(value))
@@ -295,8 +315,11 @@ def verified_file_rows(handle: FileHandle, data: Bytesish) -> pa.Table:
     table = snap.table.replace_schema_metadata(None)
     if snap.is_changelog:
         from snapshot.ops import canonical_from_changelog
+        from snapshot.ttl import drop_expired, parse_ttl_filter
 
-        return canonical_from_changelog(table)
+        table = canonical_from_changelog(table)
+        ttl = parse_ttl_filter(snap.metadata)  # the file's own TTL cut, as when it is canonicalised on its own
+        return drop_expired(table, *ttl) if ttl is not None else table
     return table
 
 

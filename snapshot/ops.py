@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from snapshot.errors import ClinkError, InvalidArgumentError, MaterialisationHandleError, prefixed
+from snapshot.errors import ClinkError, InvalidArgumentError, LimitExceededError, MaterialisationHandleError, prefixed
 from snapshot.format import (
     CANONICAL_SCHEMA,
     CHANGELOG_SCHEMA,
@@ -202,19 +202,30 @@ def _resolved_rows(handle: Handle, resolver: HandleResolver) -> pa.Table:
     return rows
 
 
+# materialisation handles one changelog snapshot may hold (a backend's export holds one)
+MAX_HANDLES = 1024
+
+
 def expand_handles(changelog: pa.Table, store: HandleResolver | object | None) -> pa.Table:
     """A changelog with every handle row replaced, in place, by the materialisation rows it names (the rest as it is)."""
     positions = handle_positions(changelog)
     if positions.size == 0:
         return changelog
+    if positions.size > MAX_HANDLES:  # a small stream must not make the resolver fetch state thousands of times
+        raise LimitExceededError(
+            f"this changelog snapshot holds {positions.size} materialisation handles; a reader takes at most {MAX_HANDLES}"
+        )
     handles = handles_at(changelog, positions)  # every handle parsed and checked before any is fetched
     if store is None:
         refuse_unresolved(changelog)
     resolver = as_resolver(store)
     pieces, start = [], 0
+    resolved: dict[Handle, pa.Table] = {}  # a handle named twice is fetched once
     for pos, handle in zip(positions.tolist(), handles, strict=True):
         pieces.append(changelog.slice(start, pos - start))
-        rows = _resolved_rows(handle, resolver)
+        rows = resolved.get(handle)
+        if rows is None:
+            rows = resolved[handle] = _resolved_rows(handle, resolver)
         kinds = pa.array(np.full(rows.num_rows, ROW_MATERIALISATION, dtype=np.uint8))
         pieces.append(pa.Table.from_arrays([kinds, *rows.columns], schema=CHANGELOG_SCHEMA))
         start = pos + 1
