@@ -119,8 +119,12 @@ def _binary_array(data: Sequence[bytes] | pa.Array | pa.ChunkedArray, what: str)
         raise InvalidArgumentError(f"put_many {what} must be an Arrow binary array, got {data.type}")
     if isinstance(data, (bytes, bytearray, memoryview, str)):
         raise InvalidArgumentError(f"put_many {what} must be a list of bytes or an Arrow array, not one {type(data).__name__} value")
+    items = data if isinstance(data, list) else list(data)
+    if str in set(map(type, items)):  # pyarrow would encode a str among bytes as UTF-8 unasked; put() refuses it too
+        first = next(i for i, v in enumerate(items) if isinstance(v, str))
+        raise InvalidArgumentError(f"put_many {what}[{first}] is a str, not bytes: encode it first")
     try:
-        array = pa.array(data if isinstance(data, list) else list(data))
+        array = pa.array(items)
     except (TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise InvalidArgumentError(f"put_many {what} must all be bytes: {exc}") from None
     if len(array) == 0:  # an empty list infers the null type

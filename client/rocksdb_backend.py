@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ import pyarrow.compute as pc
 
 import snapshot
 from client.backend import _check_op_id, _check_range, checked_put_many
-from snapshot import NUM_KEY_GROUPS, StateVersionMap
+from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
 from snapshot.errors import ClinkError, ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError
 from snapshot.format import operators_metadata
 from snapshot.ttl import ttl_expired_mask
@@ -130,11 +131,19 @@ def _open(where: Path, read_only: bool, compression: str = "lz4", create: bool =
     families = {}
     try:
         names = Rdict.list_cf(str(where), Options(raw_mode=True)) if (where / "CURRENT").is_file() else []
+        foreign = sorted(set(names) - {"default", METADATA_COLUMN_FAMILY})
+        if foreign:  # rows there are not clink state: reading the rest as the whole would drop them silently
+            raise InvalidArgumentError(
+                f"{where}: RocksDB column famil{'ies' if len(foreign) > 1 else 'y'} {', '.join(map(repr, foreign))} "
+                "hold no clink state (clink keeps its rows in 'default' and its metadata in 'clink.metadata')"
+            )
         families = {name: Options(raw_mode=True) for name in names if name != "default"}
         if not read_only:
             families.setdefault(METADATA_COLUMN_FAMILY, Options(raw_mode=True))
         access = AccessType.read_only() if read_only else AccessType.read_write()
         return Rdict(str(where), options, column_families=families or None, access_type=access)
+    except ClinkError:
+        raise
     except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception with RocksDB's status text
         raise _open_error(where, exc) from None
     finally:
@@ -142,15 +151,19 @@ def _open(where: Path, read_only: bool, compression: str = "lz4", create: bool =
             (where / ROCKSDICT_CONFIG).unlink(missing_ok=True)
 
 
-def _load_metadata(db: Rdict, where: Path) -> tuple[StateVersionMap, dict[int, str], frozenset[tuple[int, str, bool]]]:
-    """The state versions, operator uids and TTL slots stored in the metadata column family (empty when it is absent)."""
+_Metadata = tuple[StateVersionMap, dict[int, str], frozenset[tuple[int, str, bool]], tuple[int, int]]
+_FULL_RANGE = (0, NUM_KEY_GROUPS - 1)
+
+
+def _load_metadata(db: Rdict, where: Path) -> _Metadata:
+    """The state versions, operator uids, TTL slots and key-group range in the metadata column family (defaults when absent)."""
     try:
         family = db.get_column_family(METADATA_COLUMN_FAMILY)
     except Exception:  # noqa: BLE001 - a RocksDB written by another producer has no clink metadata
-        return StateVersionMap(), {}, frozenset()
+        return StateVersionMap(), {}, frozenset(), _FULL_RANGE
     raw = family.get(METADATA_KEY)
     if raw is None:
-        return StateVersionMap(), {}, frozenset()
+        return StateVersionMap(), {}, frozenset(), _FULL_RANGE
     try:
         doc = json.loads(raw)
         if doc.get("layout") != LAYOUT_VERSION:
@@ -158,11 +171,13 @@ def _load_metadata(db: Rdict, where: Path) -> tuple[StateVersionMap, dict[int, s
         versions = StateVersionMap.unpack(doc.get("state_versions", ""))
         operators = {int(op_id): str(uid) for op_id, uid in doc.get("operators", {}).items()}
         ttl = frozenset((int(o), str(s), bool(k)) for o, s, k in doc.get("ttl_slots", []))
+        lo, hi = doc.get("key_groups", _FULL_RANGE)
+        key_groups = check_key_group_range(int(lo), int(hi))
     except CorruptDataError:
         raise
     except (ValueError, TypeError, AttributeError, ClinkError) as exc:
         raise CorruptDataError(f"{where}: unreadable clink metadata in column family {METADATA_COLUMN_FAMILY}: {_one_line(exc)}") from None
-    return versions, operators, ttl
+    return versions, operators, ttl, key_groups
 
 
 def _table_of(keys: Sequence[object], values: Sequence[object], where: Path) -> pa.Table:
@@ -194,14 +209,17 @@ def read_rocksdb_checkpoint(path: str | os.PathLike[str]) -> RocksDBState:
     where = check_rocksdb_directory(path)
     db = _open(where, read_only=True)
     try:
-        versions, operators, ttl = _load_metadata(db, where)
+        versions, operators, ttl, (lo, hi) = _load_metadata(db, where)
         try:
             keys, values = list(db.keys()), list(db.values())  # read-only: no writer moves between the two passes
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception with RocksDB's status text
             raise CorruptDataError(f"{where}: reading RocksDB failed: {_one_line(exc)}") from None
     finally:
         db.close()
-    return RocksDBState(_table_of(keys, values, where), versions, operators, ttl)
+    table = _table_of(keys, values, where)
+    if (lo, hi) != _FULL_RANGE:  # a backend restored to a narrower range keeps the other rows stale: they are not its state
+        table = snapshot.filter_key_groups(table, lo, hi)
+    return RocksDBState(table, versions, operators, ttl)
 
 
 def rocksdb_checkpoint_to_arrow(path: str | os.PathLike[str]) -> bytes:
@@ -210,6 +228,28 @@ def rocksdb_checkpoint_to_arrow(path: str | os.PathLike[str]) -> bytes:
 
 
 # --- the backend ----------------------------------------------------------------------------------------
+
+
+def _checked_config(config: RocksDBConfig | None) -> RocksDBConfig:
+    """``config`` (or the default) after checking its range and compression, before anything touches a directory."""
+    config = config or RocksDBConfig()
+    _check_range(config.key_groups)
+    if config.compression not in COMPRESSIONS:
+        raise InvalidArgumentError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {config.compression!r}")
+    return config
+
+
+def _undo_open(where: Path, before: set[str] | None) -> None:
+    """Remove what a failed RocksDB open added: the directory it created, or the files it wrote into an existing one."""
+    if before is None:
+        shutil.rmtree(where, ignore_errors=True)
+        return
+    for name in set(os.listdir(where)) - before if where.is_dir() else ():
+        entry = where / name
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _check_bytes(value: object, what: str) -> bytes:
@@ -228,10 +268,8 @@ class RocksDBStateBackend:
     """
 
     def __init__(self, path: str | os.PathLike[str], config: RocksDBConfig | None = None) -> None:
-        self.config = config = config or RocksDBConfig()
+        self.config = config = _checked_config(config)
         self.key_groups = _check_range(config.key_groups)
-        if config.compression not in COMPRESSIONS:
-            raise InvalidArgumentError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {config.compression!r}")
         self.path = where = Path(path)
         if where.exists() and not where.is_dir():
             raise InvalidArgumentError(f"{where}: is a file, not a RocksDB directory")
@@ -240,10 +278,15 @@ class RocksDBStateBackend:
         elif not config.create_if_missing:
             raise NotFoundError(f"{where}: no RocksDB directory there (create_if_missing is off)")
         self._lock = threading.RLock()
-        self._db = _open(where, read_only=False, compression=config.compression, create=config.create_if_missing)
+        before = set(os.listdir(where)) if where.is_dir() else None
+        try:
+            self._db = _open(where, read_only=False, compression=config.compression, create=config.create_if_missing)
+        except BaseException:
+            _undo_open(where, before)  # a failed open leaves the directory as it found it (no LOCK, LOG or config)
+            raise
         self._meta = self._db.get_column_family(METADATA_COLUMN_FAMILY)
         try:
-            self.state_versions, operators, ttl = _load_metadata(self._db, where)
+            self.state_versions, operators, ttl, stored_range = _load_metadata(self._db, where)
         except BaseException:
             self._db.close()
             raise
@@ -251,6 +294,8 @@ class RocksDBStateBackend:
         self._declared: dict[int, str] = {}
         self._ttl_slots: set[tuple[int, str, bool]] = set(ttl)
         self.closed = False
+        if stored_range != self.key_groups:  # its checkpoints render its own range only (rows of others stay, stale)
+            self._save_metadata()
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -259,17 +304,23 @@ class RocksDBStateBackend:
         cls, checkpoint: str | os.PathLike[str], path: str | os.PathLike[str], config: RocksDBConfig | None = None
     ) -> RocksDBStateBackend:
         """A backend at ``path`` (which must not exist) holding a copy of a RocksDB checkpoint directory's state."""
+        config = _checked_config(config)
         source = check_rocksdb_directory(checkpoint)
         target = Path(path)
         if target.exists():
             raise InvalidArgumentError(f"{target}: already exists; a restore copies the checkpoint into a new directory")
+        if not target.parent.is_dir():
+            raise NotFoundError(f"{target.parent}: no such directory to restore into")
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.restoring-", dir=target.parent))
         try:
-            shutil.copytree(source, target)
-            (target / "LOCK").unlink(missing_ok=True)
-            return cls(target, config)
-        except BaseException:
-            shutil.rmtree(target, ignore_errors=True)  # nothing is left behind by a failed restore
-            raise
+            copy = staging / "db"
+            shutil.copytree(source, copy)
+            (copy / "LOCK").unlink(missing_ok=True)
+            cls(copy, config).close()  # opens, checks and records the range before the copy takes the target's name
+            copy.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # nothing is left behind by a failed restore
+        return cls(target, config)
 
     def close(self) -> None:
         """Flush and close the database; the directory keeps the state (reopen it with a new backend)."""
@@ -298,6 +349,7 @@ class RocksDBStateBackend:
             "operators": {str(op_id): uid for op_id, uid in sorted(self._operators.items())},
             "state_versions": self.state_versions.pack(),
             "ttl_slots": sorted([op_id, slot, keyed] for op_id, slot, keyed in self._ttl_slots),
+            "key_groups": list(self.key_groups),
         }
         self._meta[METADATA_KEY] = json.dumps(doc, separators=(",", ":")).encode()
 
