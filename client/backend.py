@@ -122,7 +122,7 @@ def _binary_array(data: Sequence[bytes] | pa.Array | pa.ChunkedArray, what: str)
     items = data if isinstance(data, list) else list(data)
     if str in set(map(type, items)):  # pyarrow would encode a str among bytes as UTF-8 unasked; put() refuses it too
         first = next(i for i, v in enumerate(items) if isinstance(v, str))
-        raise InvalidArgumentError(f"put_many {what}[{first}] is a str, not bytes: encode it first")
+        raise InvalidArgumentError(f"put_many {what} must all be bytes: {what}[{first}] is a str (encode it first)")
     try:
         array = pa.array(items)
     except (TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
