@@ -798,7 +798,11 @@ class RemoteReadBackend:
             return checkpoint == self._read_checkpoint and etag == self._read_etag
 
     def _check_version(self, checkpoint: int, attempt: int) -> str:
-        """The etag of the current version of the read checkpoint, after checking it is this attempt's for its range.
+        """The etag of the current version of the read checkpoint, after checking it is this attempt's (see _current_version)."""
+        return self._current_version(checkpoint, attempt)[0]
+
+    def _current_version(self, checkpoint: int, attempt: int) -> tuple[str, str]:
+        """(etag, manifest JSON) of the current version of the read checkpoint, after checking it is this attempt's for its range.
 
         A version this backend may read has, for its key groups, the part this attempt committed (a read checkpoint it
         committed) or only parts older than its epoch (the base it restored from). Compaction keeps every part's range
@@ -811,12 +815,12 @@ class RemoteReadBackend:
             raise NotFoundError(f"checkpoint {checkpoint} of job {self.job} is no longer complete")
         with self._lock:
             if attempt != self._attempt:
-                return info.manifest_etag  # a read of an attempt a restore ended: its answer serves no later read
+                return info.manifest_etag, doc  # a read of an attempt a restore ended: its answer serves no later read
             (lo, hi), epoch, own = self.key_groups, self.epoch, checkpoint != self._base
         parts = [(int(p["kg_lo"]), int(p["kg_hi"]), int(p["epoch"])) for p in json.loads(doc).get("parts", ())]
         covering = sorted(p for p in parts if p[0] <= hi and lo <= p[1])
         if (lo, hi, epoch) in covering if own else all(e < epoch for _, _, e in covering):
-            return info.manifest_etag
+            return info.manifest_etag, doc
         with self._lock:
             self.fenced = True
         theirs = ", ".join(f"{a}-{b} e{e}" for a, b, e in covering) or "none"
@@ -1203,11 +1207,10 @@ class RemoteReadBackend:
         with self._lock:
             changes, checkpoint, key_groups = self._local_changes(), self._read_checkpoint, self.key_groups
             ttl_slots, operators, attempt = set(self._ttl_slots), dict(self._operators), self._attempt
-        if checkpoint is not None:
-            # the handle names the checkpoint id as it is now: it must still be the commit this attempt reads (not re-made)
-            self._check_version(checkpoint, attempt)
+        # the handle names the checkpoint id as it is now: it must still be the commit this attempt reads (not re-made)
+        manifest_json = self._current_version(checkpoint, attempt)[1] if checkpoint is not None else None
         return changelog_snapshot_of(
-            self._pool, self.job, key_groups, checkpoint, changes, self.state_versions, operators, ttl_slots, self.config.clock_ms()
+            self.job, key_groups, checkpoint, manifest_json, changes, self.state_versions, operators, ttl_slots, self.config.clock_ms()
         )
 
     def export_arrow_snapshot(self) -> bytes:

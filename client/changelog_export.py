@@ -72,10 +72,10 @@ class PoolHandleResolver:
 
 
 def changelog_snapshot_of(
-    pool: PoolClient,
     job: str,
     key_groups: tuple[int, int],
     checkpoint: int | None,
+    manifest_json: str | None,
     changes: pa.Table,
     state_versions: StateVersionMap,
     operators: Mapping[int, str],
@@ -83,6 +83,8 @@ def changelog_snapshot_of(
     now_ms: int,
 ) -> bytes:
     """The changelog stream a backend exports: a handle to ``checkpoint`` (None: none yet) for its range, then its changes.
+
+    ``manifest_json``: the checkpoint's manifest as DescribeCheckpoint gave it (the backend checked it is the commit it reads).
 
     Canonicalised with a store holding the checkpoint it equals export_arrow_snapshot at the same moment: the same rows,
     state versions (the checkpoint's, then the backend's) and, without a checkpoint, the same operator names. The changes
@@ -97,8 +99,7 @@ def changelog_snapshot_of(
             puts = pc.equal(log.column("row_kind"), snapshot.ROW_PUT).to_numpy(zero_copy_only=False)
             log = log.filter(pa.array(~(puts & ttl_expired_mask(log, slots, now_ms))))
         return changelog_snapshot([], log, state_versions, operators_metadata(operators))
-    _, doc = pool.describe_checkpoint(job, checkpoint)
-    manifest = _manifest_doc(doc, f"checkpoint {checkpoint} of job {job}")
+    manifest = _manifest_doc(manifest_json or "", f"checkpoint {checkpoint} of job {job}")
     handle = CheckpointHandle(job, checkpoint, (lo, hi), commit_digest(manifest))
     # as export_arrow_snapshot stamps them: the checkpoint's versions, then the ones this backend set
     stamped = {**dict(StateVersionMap.unpack(str(manifest.get("state_versions", ""))).items()), **dict(state_versions.items())}

@@ -203,6 +203,12 @@ class LiveExports:
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         return ctx
 
+    def _late(self, a: LiveAnnouncement) -> UnavailableError:
+        return UnavailableError(f"{_subtask(a)} did not finish within {self.config.fetch_timeout_s:g} s")
+
+    def _over_budget(self, job: str) -> LimitExceededError:
+        return LimitExceededError(f"live export of job {job}: the subtasks' state is over {self.config.max_bytes} bytes, the pool's limit")
+
     def _connect(self, a: LiveAnnouncement, timeout: float) -> http.client.HTTPConnection:
         """A connection to the announced host (http.client: no proxy from the environment, no redirect followed)."""
         parts = urlsplit(a.url)
@@ -219,10 +225,10 @@ class LiveExports:
         Its connection is kept in ``connections`` (by id of the announcement) so that _gather can cut it at the deadline;
         ``cut`` holds the ids _gather gave up on (a connection made after that is closed before it sends anything).
         """
-        what = f"the subtask of key groups {a.key_groups} of job {a.job} ({a.url})"
+        what = _subtask(a)
         remaining = deadline - self._clock()
         if remaining <= 0:
-            raise UnavailableError(f"{what} did not answer within {self.config.fetch_timeout_s:g} s")
+            raise self._late(a)
         parts = urlsplit(a.url)
         if a.token and parts.scheme != "https" and not is_loopback(parts.hostname or ""):
             raise UnavailableError(f"{what}: the pool sends a subtask's token over https only, or to a loopback address")
@@ -233,7 +239,7 @@ class LiveExports:
         try:
             conn.connect()  # a slow name lookup may outlast the deadline: checked below, before anything is sent
             if id(a) in cut or self._clock() > deadline:
-                raise UnavailableError(f"{what} did not answer within {self.config.fetch_timeout_s:g} s")
+                raise self._late(a)
             conn.request("GET", target, headers={"Authorization": f"Bearer {a.token}"} if a.token else {})
             response = conn.getresponse()
             if response.status != 200:
@@ -243,12 +249,10 @@ class LiveExports:
                 raise UnavailableError(f"{what} answered for job {job!r} key groups {kg!r}: not the subtask announced")
             length = response.getheader("Content-Length")
             if length is not None and length.isdigit() and int(length) > budget[0]:
-                raise LimitExceededError(
-                    f"live export of job {a.job}: the subtasks' state is over {self.config.max_bytes} bytes, the pool's limit"
-                )
+                raise self._over_budget(a.job)
             while True:
                 if self._clock() > deadline:
-                    raise UnavailableError(f"{what} did not finish within {self.config.fetch_timeout_s:g} s")
+                    raise self._late(a)
                 with self._lock:
                     left = budget[0]
                 chunk = response.read(max(1, min(_READ_CHUNK, left + 1)))  # never more than one byte past the budget
@@ -258,16 +262,14 @@ class LiveExports:
                     budget[0] -= len(chunk)
                     over = budget[0] < 0
                 if over:
-                    raise LimitExceededError(
-                        f"live export of job {a.job}: the subtasks' state is over {self.config.max_bytes} bytes, the pool's limit"
-                    )
+                    raise self._over_budget(a.job)
                 chunks.append(chunk)
             checkpoint_id = int(response.getheader(CHECKPOINT_HEADER) or 0)
         except ClinkError:
             raise
         except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut, TLS refused, not HTTP
             if self._clock() > deadline or id(a) in cut:
-                raise UnavailableError(f"{what} did not finish within {self.config.fetch_timeout_s:g} s") from None
+                raise self._late(a) from None
             # an OS error says what the network did; the others would echo the peer's bytes or a header: their type only
             reason = f"{type(exc).__name__}: {exc}"[:300] if isinstance(exc, OSError) else f"{type(exc).__name__} (not an HTTP answer)"
             raise UnavailableError(f"{what} did not answer: {reason}") from None
@@ -312,14 +314,7 @@ class LiveExports:
                     cut.add(id(a))  # first: a connection made after this sees it and sends nothing
                     _cut(connections.get(id(a)))
                     future.cancel()
-                    failed.append(
-                        (
-                            a,
-                            UnavailableError(
-                                f"the subtask of key groups {a.key_groups} of job {job} ({a.url}) did not finish within {self.config.fetch_timeout_s:g} s"
-                            ),
-                        )
-                    )
+                    failed.append((a, self._late(a)))
                     continue
                 try:
                     answered.append(future.result())
@@ -386,6 +381,11 @@ def _may_repeat(table: pa.Table) -> bool:
     if in_layout_order(table):
         return has_adjacent_repeats(table)
     return len(pc.unique(table.column("key_bytes"))) != table.num_rows
+
+
+def _subtask(a: LiveAnnouncement) -> str:
+    """How errors and logs name a subtask: its range, job and URL (never its token)."""
+    return f"the subtask of key groups {a.key_groups} of job {a.job} ({a.url})"
 
 
 def _clip(r: KeyGroupRange, wanted: KeyGroupRange) -> KeyGroupRange:

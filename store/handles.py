@@ -2,34 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 
 from snapshot import handles
 from snapshot.errors import ClinkError, HandleNotFoundError, MaterialisationHandleError, NotFoundError
 from snapshot.handles import CheckpointHandle, FileHandle, Handle, check_relative_path, verified_file_rows
 from store.checkpoint import CheckpointReader
-from store.manifest import Manifest
+from store.manifest import manifest_document
 from store.objects import ObjectStore
-
-
-def commit_document(manifest: Manifest) -> dict[str, Any]:
-    """The commit fields of a manifest in its JSON shape (what snapshot.handles.commit_digest reads), without the anatomy."""
-    return {
-        "job": manifest.job,
-        "checkpoint_id": manifest.checkpoint_id,
-        "parent_id": manifest.parent_id,
-        "created_at_ms": manifest.created_at_ms,
-        "operators": [{"op_id": o, "uid": u} for o, u in manifest.operators],
-        "state_versions": manifest.state_versions,
-        "parts": [{"kg_lo": p.kg_lo, "kg_hi": p.kg_hi, "epoch": p.epoch, "parent_id": p.parent_id} for p in manifest.parts],
-    }
-
-
-def commit_digest(manifest: Manifest) -> str:
-    """snapshot.handles.commit_digest of a parsed manifest: stable across store copies and compaction."""
-    return handles.commit_digest(commit_document(manifest))
 
 
 class StoreHandleResolver:
@@ -63,7 +43,7 @@ class StoreHandleResolver:
                 f"in {self.store.uri}",
                 handle.describe(),
             ) from None
-        handles.check_commit(handle, commit_document(manifest))
+        handles.check_commit(handle, manifest_document(manifest))
         return reader.read_manifest_table(manifest, handle.key_groups)
 
     def _file(self, handle: FileHandle) -> pa.Table:

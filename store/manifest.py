@@ -145,7 +145,7 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """Deterministic JSON (sorted keys): equal manifests are equal bytes."""
-        return json.dumps(_manifest_dict(self), sort_keys=True, separators=(",", ":")).encode()
+        return json.dumps(manifest_document(self), sort_keys=True, separators=(",", ":")).encode()
 
 
 def _segment_dict(s: Segment) -> dict[str, Any]:
@@ -178,7 +178,8 @@ def _file_dict(f: DataFile) -> dict[str, Any]:
     }
 
 
-def _manifest_dict(m: Manifest) -> dict[str, Any]:
+def manifest_document(m: Manifest) -> dict[str, Any]:
+    """The manifest as the JSON document ``to_json`` writes (what readers of _metadata, and commit digests, see)."""
     retired: dict[str, Any] = {"retired": sorted(m.retired)} if m.retired else {}
     # information for tools that read _metadata alone; derived from the rest, never read back
     anatomy_field: dict[str, Any] = {"anatomy": anatomy(m)} if m.format == MANIFEST_FORMAT else {}

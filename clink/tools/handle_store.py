@@ -47,25 +47,13 @@ class LazyHandleResolver:
             return self._resolver
         if self.uri.startswith(POOL_SCHEMES):
             from client.changelog_export import PoolHandleResolver
-            from client.pool_client import PoolClient, PoolClientConfig, RetryPolicy
-            from clink.tools.sources import REFUSED_ATTEMPTS, check_token_transport
+            from client.pool_client import PoolClient
+            from clink.tools.sources import check_token_transport, pool_client_config
 
             address = _pool_address(self.uri)
             c = self.config
             check_token_transport(c, c.pool_tls_root_certificates is not None, address.rsplit(":", 1)[0], f"--store {self.uri}")
-            client = self._client = PoolClient(
-                address,
-                PoolClientConfig(
-                    call_deadline_s=c.pool_timeout_s,
-                    scan_deadline_s=max(c.pool_timeout_s, 60.0),
-                    token=c.pool_token,
-                    tls_root_certificates=c.pool_tls_root_certificates,
-                    tls_server_name=c.pool_tls_server_name,
-                    tls_client_cert=c.pool_tls_client_cert,
-                    tls_client_key=c.pool_tls_client_key,
-                    retry=RetryPolicy(refused_attempts=REFUSED_ATTEMPTS),
-                ),
-            )
+            client = self._client = PoolClient(address, pool_client_config(c))
             self._resolver = PoolHandleResolver(client)
         else:
             from clink.tools.sources import store_config

@@ -565,12 +565,11 @@ def _load_stored(ref: SourceRef, config: SourceConfig, selection: Selection) -> 
 REFUSED_ATTEMPTS = 3
 
 
-def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:
-    from client.pool_client import PoolClient, PoolClientConfig, RetryPolicy
+def pool_client_config(config: SourceConfig):
+    """The PoolClientConfig of the --pool-* options (deadlines, token, TLS, a short retry when nothing listens)."""
+    from client.pool_client import PoolClientConfig, RetryPolicy
 
-    host = ref.address.rsplit(":", 1)[0] if ref.address else None
-    check_token_transport(config, config.pool_tls_root_certificates is not None, host, f"pool {ref.address}")
-    client_config = PoolClientConfig(
+    return PoolClientConfig(
         call_deadline_s=config.pool_timeout_s,
         scan_deadline_s=max(config.pool_timeout_s, 60.0),
         token=config.pool_token,
@@ -580,6 +579,14 @@ def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> St
         tls_client_key=config.pool_tls_client_key,
         retry=RetryPolicy(refused_attempts=REFUSED_ATTEMPTS),
     )
+
+
+def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:
+    from client.pool_client import PoolClient
+
+    host = ref.address.rsplit(":", 1)[0] if ref.address else None
+    check_token_transport(config, config.pool_tls_root_certificates is not None, host, f"pool {ref.address}")
+    client_config = pool_client_config(config)
     try:
         return _scan_pool(ref, selection, PoolClient(ref.address, client_config))
     except UnavailableError as exc:
