@@ -312,15 +312,10 @@ def verified_file_rows(handle: FileHandle, data: Bytesish) -> pa.Table:
             f"materialisation handle {handle.describe()}: the file holds {snap.table.num_rows} row(s), the handle says {handle.rows}",
             handle.describe(),
         )
-    table = snap.table.replace_schema_metadata(None)
-    if snap.is_changelog:
-        from snapshot.ops import canonical_from_changelog
-        from snapshot.ttl import drop_expired, parse_ttl_filter
+    from snapshot.ops import canonical_of  # ops builds on this module: imported when needed
 
-        table = canonical_from_changelog(table)
-        ttl = parse_ttl_filter(snap.metadata)  # the file's own TTL cut, as when it is canonicalised on its own
-        return drop_expired(table, *ttl) if ttl is not None else table
-    return table
+    # a changelog file is replayed as when it is canonicalised on its own (its TTL cut included); it holds no handles
+    return canonical_of(snap).table.replace_schema_metadata(None)
 
 
 def file_handle(path: str, data: Bytesish) -> FileHandle:

@@ -240,7 +240,11 @@ def read_canonical(data: Bytesish, store: HandleResolver | object | None = None)
     order; then a clink.ttl_filter, if the stream carries one, drops the rows of its TTL slots expired at its cut time.
     The result's metadata is the input's, less clink.ttl_filter; ``replayed`` says the input was a changelog.
     """
-    snap = read_snapshot(data, handles=True)
+    return canonical_of(read_snapshot(data, handles=True), store)
+
+
+def canonical_of(snap: Snapshot, store: HandleResolver | object | None = None) -> Snapshot:
+    """A snapshot already read, in canonical form: as it is, or its changelog replayed as read_canonical says."""
     if not snap.is_changelog:
         return snap
     table = canonical_from_changelog(expand_handles(snap.table, store))
