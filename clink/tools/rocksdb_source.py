@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import unquote
 
-import pyarrow.compute as pc
-
-from clink.tools.sources import Selection, SourceRef, StateSource, apply_selection
+from clink.tools.sources import Selection, SourceRef, StateSource, apply_selection, operators_of
 from snapshot import InvalidArgumentError
 from snapshot.format import FORMAT_VERSION, operators_metadata
 
@@ -37,6 +35,5 @@ def load_rocksdb(ref: SourceRef, selection: Selection) -> StateSource:
 
     state = read_rocksdb_checkpoint(ref.path)
     table = apply_selection(state.table, selection)
-    operators: dict[int, str | None] = {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {}
-    operators.update(state.operators)
+    operators = operators_of(table, state.operators)
     return StateSource(ref, table, FORMAT_VERSION, state.state_versions, operators_metadata(state.operators), operators)

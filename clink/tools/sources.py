@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -264,6 +265,13 @@ def apply_selection(table: pa.Table, selection: Selection) -> pa.Table:
     return table
 
 
+def operators_of(table: pa.Table, named: Mapping[int, str]) -> dict[int, str | None]:
+    """Every operator holding rows in ``table`` (None: no uid known), and those ``named`` uids, with their uids."""
+    operators: dict[int, str | None] = {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {}
+    operators.update(named)
+    return operators
+
+
 def snapshot_source(
     ref: SourceRef, data: bytes | pa.Buffer | pa.NativeFile, selection: Selection, config: SourceConfig | None = None
 ) -> StateSource:
@@ -278,8 +286,7 @@ def snapshot_source(
     except ClinkError as exc:
         raise _with_prefix(exc, ref.describe()) from exc
     table = apply_selection(snap.table, selection)
-    operators: dict[int, str | None] = {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {}
-    operators.update(operators_from_metadata(snap.extra_metadata))  # the uids a stream names (clink.operators), when it does
+    operators = operators_of(table, operators_from_metadata(snap.extra_metadata))  # the uids a stream names, when it does
     return StateSource(ref, table, snap.format_version, snap.state_versions, snap.extra_metadata, operators, snap.replayed)
 
 
@@ -333,9 +340,7 @@ def parquet_source(ref: SourceRef, selection: Selection) -> StateSource:
     except (pa.ArrowException, ValueError, KeyError, ClinkError) as exc:
         raise CorruptDataError(f"{ref.spec}: a clink Parquet export that does not read back: {one_line_text(exc)}") from None
     table = apply_selection(table, selection)
-    operators: dict[int, str | None] = {int(o): None for o in pc.unique(table.column("op_id")).to_pylist()} if table.num_rows else {}
-    operators.update(operators_from_metadata(meta))
-    return StateSource(ref, table, format_version, versions, {}, operators, False)
+    return StateSource(ref, table, format_version, versions, {}, operators_of(table, operators_from_metadata(meta)), False)
 
 
 def one_line_text(exc: BaseException) -> str:
