@@ -8,7 +8,7 @@ from typing import Protocol
 
 import snapshot
 from client.errors import InvalidArgumentError
-from snapshot.collections import MAX_COLLECTION_LENGTH, decode_list, decode_map, encode_list, encode_map
+from snapshot.collections import append_to_list, decode_list, decode_map, encode_list, encode_map
 
 __all__ = [
     "KeyedInt64State",
@@ -29,7 +29,6 @@ __all__ = [
 ]
 
 _I64 = struct.Struct("<q")
-_U32 = struct.Struct("<I")  # the collection codecs' counts
 
 
 class StateBackend(Protocol):
@@ -69,13 +68,6 @@ def _op_id(backend: StateBackend, operator: str | int) -> int:
     raise InvalidArgumentError(f"operator must be a uid string or a uint64 op_id, got {operator!r}")
 
 
-def _user_key(user_key: object) -> bytes:
-    # encode_keyed_key's bytes() would take an int as a length and fail on a str with a TypeError
-    if not isinstance(user_key, bytes | bytearray | memoryview):
-        raise InvalidArgumentError(f"user key must be bytes, got {type(user_key).__name__}")
-    return bytes(user_key)
-
-
 def encode_int64(value: int) -> bytes:
     """8 bytes little-endian of a signed 64-bit int."""
     if not isinstance(value, int) or isinstance(value, bool) or not -(1 << 63) <= value < 1 << 63:
@@ -103,7 +95,7 @@ class KeyedState:
 
     def key(self, user_key: bytes) -> bytes:
         """key_bytes of a user key in this slot."""
-        return snapshot.encode_keyed_key(self.slot, _user_key(user_key))
+        return snapshot.encode_keyed_key(self.slot, user_key)
 
     def get(self, user_key: bytes) -> bytes | None:
         """The value for ``user_key`` (None when absent)."""
@@ -149,7 +141,7 @@ class OperatorState(KeyedState):
 
     def key(self, user_key: bytes = b"") -> bytes:
         """key_bytes of a user key in this operator slot."""
-        return snapshot.encode_operator_key(self.slot, _user_key(user_key))
+        return snapshot.encode_operator_key(self.slot, user_key)
 
     def get(self, user_key: bytes = b"") -> bytes | None:
         """The value (None when absent)."""
@@ -276,13 +268,7 @@ class ListState(_CollectionState):
         if added == _EMPTY:
             return
         old = self.raw.get(user_key)
-        if old is None:
-            self._store(user_key, added)
-            return
-        count = len(decode_list(old, what)) + _U32.unpack_from(added)[0]  # the stored value is checked before it grows
-        if count > MAX_COLLECTION_LENGTH:
-            raise InvalidArgumentError(f"{what}: {count} elements, more than a u32 count can hold")
-        self._store(user_key, _U32.pack(count) + old[_U32.size :] + added[_U32.size :])  # the codec appends by concatenation
+        self._store(user_key, added if old is None else append_to_list(old, added, what))
 
     def update(self, user_key: bytes, values: Iterable[bytes]) -> None:
         """Replace the list with ``values`` (no read); an empty ``values`` erases the key."""

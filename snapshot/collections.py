@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 
 from snapshot.errors import CorruptDataError, InvalidArgumentError
 
-__all__ = ["MAX_COLLECTION_LENGTH", "decode_list", "decode_map", "encode_list", "encode_map"]
+__all__ = ["MAX_COLLECTION_LENGTH", "append_to_list", "decode_list", "decode_map", "encode_list", "encode_map"]
 
 _U32 = struct.Struct("<I")
 _U32_SIZE = _U32.size
@@ -131,6 +131,17 @@ def decode_list(raw: BytesLike, what: str = "list value") -> list[bytes]:
     out = [reader.run(f"element {i} of {count}") for i in range(count)]
     reader.end(count, "element")
     return out
+
+
+def append_to_list(stored: BytesLike, added: BytesLike, what: str = "list value") -> bytes:
+    """The list value of ``stored``'s elements then ``added``'s (both list values), by concatenation: no element re-encoded.
+
+    ``stored`` is decoded first (a malformed one is a CorruptDataError naming ``what``); a total past a u32 count is refused.
+    """
+    count = len(decode_list(stored, what)) + len(decode_list(added, what))
+    if count > MAX_COLLECTION_LENGTH:
+        raise InvalidArgumentError(f"{what}: {count} elements, more than a u32 count can hold")
+    return _U32.pack(count) + bytes(stored)[_U32_SIZE:] + bytes(added)[_U32_SIZE:]
 
 
 def decode_map(raw: BytesLike, what: str = "map value") -> dict[bytes, bytes]:

@@ -82,15 +82,22 @@ def validate_slot(slot: str) -> bytes:
     return slot.encode("utf-8")
 
 
+def _user_key_bytes(user_key: object) -> bytes:
+    # bytes() would take an int as a length (that many NULs) and fail on a str with a TypeError
+    if not isinstance(user_key, bytes | bytearray | memoryview):
+        raise InvalidArgumentError(f"user key must be bytes, got {type(user_key).__name__}")
+    return bytes(user_key)
+
+
 def encode_keyed_key(slot: str, user_key: bytes) -> bytes:
     """key_bytes of a keyed-state entry: [kg][slot]|[user key]."""
-    user_key = bytes(user_key)
+    user_key = _user_key_bytes(user_key)
     return bytes([key_group(user_key)]) + validate_slot(slot) + SEPARATOR + user_key
 
 
 def encode_operator_key(slot: str, user_key: bytes) -> bytes:
     """key_bytes of an operator-state entry: [0xFF][slot]|[user key]."""
-    return bytes([OPERATOR_STATE_PREFIX]) + validate_slot(slot) + SEPARATOR + bytes(user_key)
+    return bytes([OPERATOR_STATE_PREFIX]) + validate_slot(slot) + SEPARATOR + _user_key_bytes(user_key)
 
 
 @dataclass(frozen=True)
