@@ -216,6 +216,20 @@ class _LruCache:
 INLINE_SCAN_DELTA_BYTES = 8 << 20
 
 
+def checked_state_key(op_id: int, key_bytes: object, key_groups: tuple[int, int]) -> tuple[int, bytes]:
+    """(op_id, key_bytes) of one state key, checked for a backend of ``key_groups`` (every backend's one check)."""
+    _check_op_id(op_id)
+    if not isinstance(key_bytes, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"key_bytes must be bytes, got {type(key_bytes).__name__}")
+    key = bytes(key_bytes)
+    if not key:
+        raise InvalidArgumentError("key_bytes is empty; a state key starts with its key-group byte (or 0xFF for operator state)")
+    lo, hi = key_groups
+    if key[0] < NUM_KEY_GROUPS and not lo <= key[0] <= hi:
+        raise InvalidArgumentError(f"key {key[:32]!r} is in key group {key[0]}, outside this backend's range {lo}-{hi}")
+    return op_id, key
+
+
 def checked_put_many(
     op_id: int, keys: Sequence[bytes] | pa.Array, values: Sequence[bytes] | pa.Array, key_groups: tuple[int, int]
 ) -> tuple[pa.Array, pa.Array]:
@@ -449,25 +463,9 @@ class RemoteReadBackend:
         if self.closed:
             raise InvalidArgumentError(f"backend for job {self.job} key groups {self.key_groups[0]}-{self.key_groups[1]} is closed")
 
-    def _check_key(self, key: bytes) -> None:
-        try:
-            lead = key[0]
-        except IndexError:
-            raise InvalidArgumentError(
-                "key_bytes is empty; a state key starts with its key-group byte (or 0xFF for operator state)"
-            ) from None
-        lo, hi = self.key_groups
-        if lead < NUM_KEY_GROUPS and not lo <= lead <= hi:
-            raise InvalidArgumentError(f"key {bytes(key)[:32]!r} is in key group {lead}, outside this backend's range {lo}-{hi}")
-
     def _write(self, op_id: int, key_bytes: bytes, value: bytes | None) -> None:
         self._check_open()
-        _check_op_id(op_id)
-        if not isinstance(key_bytes, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError(f"key_bytes must be bytes, got {type(key_bytes).__name__}")
-        key_bytes = bytes(key_bytes)
-        self._check_key(key_bytes)
-        k = (op_id, key_bytes)
+        k = self._read_key(op_id, key_bytes)
         with self._lock:
             if self._async_batches:
                 self._seal_async_reads()
@@ -540,12 +538,7 @@ class RemoteReadBackend:
         return warm.lookup(k, self._read_checkpoint)
 
     def _read_key(self, op_id: int, key_bytes: bytes) -> StateKey:
-        _check_op_id(op_id)
-        if not isinstance(key_bytes, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError(f"key_bytes must be bytes, got {type(key_bytes).__name__}")
-        key_bytes = bytes(key_bytes)
-        self._check_key(key_bytes)
-        return (op_id, key_bytes)
+        return checked_state_key(op_id, key_bytes, self.key_groups)
 
     def _moved_on(self) -> bool:
         """After the read checkpoint was not found (deleted): whether a newer complete checkpoint of this backend's now serves."""

@@ -19,11 +19,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import snapshot
-from client.backend import _check_op_id, _check_range, checked_put_many
+from client.backend import _check_op_id, _check_range, checked_put_many, checked_state_key
 from snapshot import NUM_KEY_GROUPS, StateVersionMap, check_key_group_range
 from snapshot.errors import ClinkError, ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError
 from snapshot.format import operators_metadata
-from snapshot.ttl import ttl_expired_mask
+from snapshot.ttl import drop_expired
 
 if TYPE_CHECKING:  # rocksdict is an optional extra (pip install clink-remote-state[rocksdb]): imported where it is used
     from rocksdict import Rdict
@@ -180,8 +180,11 @@ def _load_metadata(db: Rdict, where: Path) -> _Metadata:
     return versions, operators, ttl, key_groups
 
 
-def _table_of(keys: Sequence[object], values: Sequence[object], where: Path) -> pa.Table:
-    """The canonical table of RocksDB keys (8-byte big-endian op_id + key_bytes) and values, in bulk: no object per row."""
+def _table_of(keys: Sequence[object], values: Sequence[object], where: Path, key_groups: tuple[int, int]) -> pa.Table:
+    """The canonical table of RocksDB keys (8-byte big-endian op_id + key_bytes) and values, in bulk: no object per row.
+
+    Keyed rows outside ``key_groups`` are left out: a backend restored to a narrower range keeps the others, stale.
+    """
     composite = pa.array(keys, pa.binary())
     value_array = pa.array(values, pa.binary())
     if isinstance(composite, pa.ChunkedArray) or isinstance(value_array, pa.ChunkedArray):
@@ -198,7 +201,8 @@ def _table_of(keys: Sequence[object], values: Sequence[object], where: Path) -> 
     assert data is not None
     op_ids = np.frombuffer(data, dtype=">u8", count=n).astype(np.uint64)
     key_bytes = pc.binary_slice(composite, OP_ID_BYTES, _KEY_SLICE_END)
-    return pa.Table.from_arrays([pa.array(op_ids, pa.uint64()), key_bytes, value_array], schema=snapshot.CANONICAL_SCHEMA)
+    table = pa.Table.from_arrays([pa.array(op_ids, pa.uint64()), key_bytes, value_array], schema=snapshot.CANONICAL_SCHEMA)
+    return table if key_groups == _FULL_RANGE else snapshot.filter_key_groups(table, *key_groups)
 
 
 def read_rocksdb_checkpoint(path: str | os.PathLike[str]) -> RocksDBState:
@@ -209,17 +213,14 @@ def read_rocksdb_checkpoint(path: str | os.PathLike[str]) -> RocksDBState:
     where = check_rocksdb_directory(path)
     db = _open(where, read_only=True)
     try:
-        versions, operators, ttl, (lo, hi) = _load_metadata(db, where)
+        versions, operators, ttl, key_groups = _load_metadata(db, where)
         try:
             keys, values = list(db.keys()), list(db.values())  # read-only: no writer moves between the two passes
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare Exception with RocksDB's status text
             raise CorruptDataError(f"{where}: reading RocksDB failed: {_one_line(exc)}") from None
     finally:
         db.close()
-    table = _table_of(keys, values, where)
-    if (lo, hi) != _FULL_RANGE:  # a backend restored to a narrower range keeps the other rows stale: they are not its state
-        table = snapshot.filter_key_groups(table, lo, hi)
-    return RocksDBState(table, versions, operators, ttl)
+    return RocksDBState(_table_of(keys, values, where, key_groups), versions, operators, ttl)
 
 
 def rocksdb_checkpoint_to_arrow(path: str | os.PathLike[str]) -> bytes:
@@ -399,13 +400,7 @@ class RocksDBStateBackend:
     # -- keys ---------------------------------------------------------------------------------------
 
     def _rocks_key(self, op_id: int, key_bytes: object) -> bytes:
-        _check_op_id(op_id)
-        key = _check_bytes(key_bytes, "key_bytes")
-        if not key:
-            raise InvalidArgumentError("key_bytes is empty; a state key starts with its key-group byte (or 0xFF for operator state)")
-        lo, hi = self.key_groups
-        if key[0] < NUM_KEY_GROUPS and not lo <= key[0] <= hi:
-            raise InvalidArgumentError(f"key {key[:32]!r} is in key group {key[0]}, outside this backend's range {lo}-{hi}")
+        op_id, key = checked_state_key(op_id, key_bytes, self.key_groups)
         return op_id.to_bytes(OP_ID_BYTES, "big") + key
 
     # -- writes -------------------------------------------------------------------------------------
@@ -480,20 +475,12 @@ class RocksDBStateBackend:
             keys, values = list(view.keys()), list(view.values())
         finally:
             del view
-        table = _table_of(keys, values, self.path)
-        lo, hi = self.key_groups
-        if (lo, hi) != (0, NUM_KEY_GROUPS - 1):
-            table = snapshot.filter_key_groups(table, lo, hi)
-        return RocksDBState(table, versions, operators, ttl)
+        return RocksDBState(_table_of(keys, values, self.path, self.key_groups), versions, operators, ttl)
 
     def export_arrow_snapshot(self) -> bytes:
         """The canonical snapshot stream of this range (operators ascending, keys in byte order), TTL-expired rows left out."""
         state = self.read_state()
-        table = state.table
-        if state.ttl_slots and table.num_rows:
-            expired = ttl_expired_mask(table, state.ttl_slots, self.config.clock_ms())
-            if expired.any():
-                table = table.filter(pa.array(~expired))
+        table = drop_expired(state.table, state.ttl_slots, self.config.clock_ms())
         return RocksDBState(table, state.state_versions, state.operators, state.ttl_slots).to_arrow()
 
     def create_checkpoint(self, path: str | os.PathLike[str]) -> Path:
