@@ -2,6 +2,7 @@
 
 python bench/simulate.py --seeds 10000 --jobs 2          # many seeds, two processes
 python bench/simulate.py --start 4711 --seeds 1 -v       # replay one seed, printing its actions
+python bench/simulate.py --seeds 500 --maintainers on     # every seed with the pools' own maintainers competing for leases
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def run_seed(seed: int, steps: int, faults: bool = True, mutant: str | None = None) -> dict:
+# --maintainers: "mixed" lets each seed draw whether the pools run their own maintenance (about half do)
+MAINTAINERS = {"mixed": None, "on": True, "off": False}
+
+
+def run_seed(seed: int, steps: int, faults: bool = True, mutant: str | None = None, maintainers: str = "mixed") -> dict:
     """One seed: its stats, or the violation it found (with ``mutant``: one known defect put back)."""
     from tests.sim.mutants import mutant as apply_mutant
     from tests.sim.world import World
 
     started = time.perf_counter()
-    world = World(seed, faults=faults)
+    world = World(seed, faults=faults, maintainers=MAINTAINERS[maintainers])
     try:
         with apply_mutant(mutant):
             stats = world.run(steps)
@@ -41,9 +46,9 @@ def run_seed(seed: int, steps: int, faults: bool = True, mutant: str | None = No
         }
 
 
-def replay_command(seed: int, steps: int, mutant: str | None = None) -> str:
+def replay_command(seed: int, steps: int, mutant: str | None = None, maintainers: str = "mixed") -> str:
     """The shell command that runs exactly this seed again."""
-    extra = f" --mutant {mutant}" if mutant else ""
+    extra = (f" --mutant {mutant}" if mutant else "") + (f" --maintainers {maintainers}" if maintainers != "mixed" else "")
     return f"PYTHONHASHSEED=0 python bench/simulate.py --start {seed} --seeds 1 --steps {steps}{extra} -v"
 
 
@@ -57,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-faults", action="store_true", help="no injected errors, lost replies or crashes")
     parser.add_argument("--mutant", default=None, help="put one known defect back (tests/sim/mutants.py): the run must fail")
     parser.add_argument("--mutants", action="store_true", help="run every mutant over the seeds and report which ones the simulation kills")
+    parser.add_argument(
+        "--maintainers", choices=sorted(MAINTAINERS), default="mixed", help="the pools' own maintenance: per seed (mixed), always, never"
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each failing seed's last actions")
     args = parser.parse_args(argv)
@@ -73,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
                 break
-            results.append(run_seed(seed, args.steps, faults, args.mutant))
+            results.append(run_seed(seed, args.steps, faults, args.mutant, args.maintainers))
             if not results[-1]["ok"]:
                 report(results[-1], args)
     else:
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             pending = {}
             it = iter(seeds)
             for seed in it:
-                pending[pool.submit(run_seed, seed, args.steps, faults, args.mutant)] = seed
+                pending[pool.submit(run_seed, seed, args.steps, faults, args.mutant, args.maintainers)] = seed
                 if len(pending) >= args.jobs * 4:
                     break
             while pending:
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 over = args.budget_s is not None and time.perf_counter() - started > args.budget_s
                 nxt = None if over else next(it, None)
                 if nxt is not None:
-                    pending[pool.submit(run_seed, nxt, args.steps, faults, args.mutant)] = nxt
+                    pending[pool.submit(run_seed, nxt, args.steps, faults, args.mutant, args.maintainers)] = nxt
     wall = time.perf_counter() - started
     failed = [r for r in results if not r["ok"]]
     totals: dict[str, int] = {}
@@ -129,7 +137,8 @@ def run_mutants(args: argparse.Namespace) -> int:
         killed, first = 0, None
         with ProcessPoolExecutor(max(1, args.jobs)) as pool:
             futures = [
-                pool.submit(run_seed, seed, args.steps, not args.no_faults, name) for seed in range(args.start, args.start + args.seeds)
+                pool.submit(run_seed, seed, args.steps, not args.no_faults, name, args.maintainers)
+                for seed in range(args.start, args.start + args.seeds)
             ]
             for f in futures:
                 r = f.result()
@@ -150,7 +159,7 @@ def run_mutants(args: argparse.Namespace) -> int:
 def report(result: dict, args: argparse.Namespace) -> None:
     """Print one failing seed and how to replay it."""
     print(f"FAILED seed {result['seed']}: {result['error']}", file=sys.stderr)
-    print(f"  replay: {replay_command(result['seed'], args.steps, args.mutant)}", file=sys.stderr)
+    print(f"  replay: {replay_command(result['seed'], args.steps, args.mutant, args.maintainers)}", file=sys.stderr)
     if args.verbose:
         for line in result.get("actions", []):
             print(f"    {line}", file=sys.stderr)

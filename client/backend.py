@@ -327,6 +327,10 @@ class RemoteReadBackend:
 
         Call ``restore()`` to point the backend at the newest checkpoint (it returns None and stays empty for a new job).
         ``job`` follows the pool's rule (snapshot/names.py). Pass a PoolClient to share one channel.
+
+        ``address``: one pool (HOST:PORT), several pools on one store (HOST1:PORT1,HOST2:PORT2: calls rotate over them and
+        fail over when one is down), or dns:///NAME:PORT (client.pool_addresses). A writer epoch whose grant was lost and
+        asked again (on any pool) is fenced by the one granted next, which this backend holds.
         """
         config = config or BackendConfig()
         job = validate_job(job)  # the pool's own rule, so a bad name fails here and not at the first call that sends it

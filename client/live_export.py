@@ -303,7 +303,9 @@ class LiveExport:
         self._renewing.start()
 
     def announce(self) -> None:
-        """Announce (or renew) the backend's current range and epoch to its pool."""
+        """Announce (or renew) the backend's current range and epoch to its pool: to every pool of a comma list or dns:/// name
+        (each keeps announcements in its own memory); one that missed it is told at the next renewal.
+        """
         backend = self.backend
         with backend._lock:  # one attempt's range and epoch: a restore in between would pair the old range with the new epoch
             key_groups, epoch = backend.key_groups, backend.epoch

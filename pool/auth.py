@@ -253,6 +253,9 @@ METHOD_ACCESS: dict[str, str] = {
     "UnpinCheckpoint": READ,
     "CompactCheckpoint": WRITE,
     "CollectGarbage": WRITE,
+    "SetJobPolicy": WRITE,  # as CompactCheckpoint and CollectGarbage: it decides what maintenance deletes
+    "GetJobPolicy": READ,
+    "RetainCheckpoints": WRITE,
     "AnnounceLiveExport": WRITE,  # a writer of the job says where its live state is served
     "WithdrawLiveExport": WRITE,
 }

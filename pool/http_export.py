@@ -1,4 +1,4 @@
-"""HTTP export of a pool's checkpoints: GET /jobs/JOB/state.arrow streams the canonical snapshot, for curl or any Arrow reader."""
+"""HTTP port of a pool: GET /jobs/JOB/state.arrow streams the canonical snapshot (curl, any Arrow reader); / and /api/ the status page."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pyarrow as pa
@@ -16,6 +18,18 @@ from pool.core import PoolCore
 from pool.domain import KeyGroupRange
 from pool.http_serving import SOCKET_TIMEOUT_S, PoolHttpServer, PoolRequestHandler, serve_http, stop_http
 from pool.metrics import PoolMetrics
+from pool.status_page import (
+    MaintainerStatus,
+    StatusPage,
+    StatusPageConfig,
+    StatusRoute,
+    document,
+    is_api_path,
+    is_status_path,
+    parse_status_route,
+    render,
+    render_failure,
+)
 from pool.streaming import stream_chunks
 from snapshot import SnapshotArrowWriter, StateVersionMap
 from snapshot.errors import (
@@ -35,6 +49,9 @@ from snapshot.errors import (
 )
 from snapshot.format import operators_metadata
 from snapshot.state_selectors import LATEST_CHECKPOINT, parse_checkpoint, parse_key_groups, parse_op
+
+if TYPE_CHECKING:
+    from pool.auth import TokenTable
 
 log = logging.getLogger("clink.pool.http")
 
@@ -127,11 +144,22 @@ def _flag(value: str | None, name: str, allowed: tuple[str, ...]) -> str | None:
 
 class _ExportServer(PoolHttpServer):
     core: PoolCore | None = None  # None until the pool's store is open and checked: exports get 503 until then
-    tokens = None  # a pool.auth.TokenTable: every route but /healthz needs a bearer token with read access to the job
+    tokens: TokenTable | None = None  # a pool.auth.TokenTable: every route but /healthz needs a bearer token with read access to the job
     exports: threading.BoundedSemaphore  # exports streamed at once
     max_exports = 0
     redact = staticmethod(str)  # takes the store's location out of messages sent to clients
     metrics: PoolMetrics | None = None  # counts every finished export by status
+    status_config = StatusPageConfig()
+    status_requests: threading.BoundedSemaphore  # status pages built at once (each reads the store)
+    maintainer: Callable[[], MaintainerStatus | None] = staticmethod(lambda: None)  # resolved per request: it starts after binding
+    _status: StatusPage | None = None
+
+    def status_page(self, core: PoolCore) -> StatusPage:
+        """The status page over ``core`` (made on first use; the core is set once the store is checked)."""
+        page = self._status
+        if page is None or page.core is not core:
+            page = self._status = StatusPage(core, self.status_config, lambda: self.maintainer())
+        return page
 
 
 class _Handler(PoolRequestHandler):
@@ -156,6 +184,90 @@ class _Handler(PoolRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        """A status-page answer: the body with its length, never cached, never framed, sniffed or run as script."""
+        from pool.status_html import CONTENT_SECURITY_POLICY
+
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+        if status == 401:
+            self.send_header("WWW-Authenticate", 'Bearer realm="clink-pool"')
+        if status == 503:
+            self.send_header("Retry-After", "1")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _status_failed(self, api: bool, status: int, error: BaseException) -> None:
+        message = (
+            self.server.redact(" ".join(str(error).split())) if isinstance(error, ClinkError) else f"internal error: {type(error).__name__}"
+        )
+        log.info("status %s -> %d: %s", urlsplit(self.path).path, status, message)
+        self._send(status, *render_failure(api, status, error, message, int(time.time() * 1000)))
+
+    def _status(self) -> None:
+        """Answer a status-page request (/, /status/..., /api/...): the token's jobs only, bounded work, HTML or JSON."""
+        api = is_api_path(urlsplit(self.path).path)
+        try:
+            route = parse_status_route(self.path, self.server.status_config.max_per_page)
+        except InvalidArgumentError as exc:
+            self._status_failed(api, 400, exc)
+            return
+        assert route is not None  # do_GET routes only status paths here
+        visible: Callable[[str], bool] = lambda job: True  # noqa: E731 - no tokens: every job, as the export serves every job
+        if self.server.tokens is not None:
+            try:
+                visible = self._status_grant(route)
+            except ClinkError as exc:
+                self._status_failed(api, status_for(exc), exc)
+                return
+        core = self.server.core
+        if core is None:
+            self._status_failed(api, 503, UnavailableError("the pool is starting (its store is being checked); retry"))
+            return
+        if not self.server.status_requests.acquire(blocking=False):
+            busy = OverloadedError(f"the pool is building {self.server.status_config.max_requests} status pages, its limit; retry")
+            self._status_failed(api, 503, busy)
+            return
+        try:
+            doc = document(self.server.status_page(core), route, visible)
+            content_type, body = render(route, doc)
+        except Exception as exc:  # noqa: BLE001 - every failure is a status line and a page saying it, the server stays up
+            status = status_for(exc)
+            if status == 500:
+                log.exception("status page %s failed", route.path)
+            self._status_failed(api, status, exc)
+            return
+        finally:
+            self.server.status_requests.release()
+        self._send(200, content_type, body)
+
+    def _status_grant(self, route: StatusRoute) -> Callable[[str], bool]:
+        """Which jobs the request's token may see; UnauthenticatedError or PermissionDeniedError (a job page: read access to it)."""
+        from pool.auth import READ, bearer_token
+
+        tokens = self.server.tokens
+        assert tokens is not None  # called only when the pool checks tokens
+        token = bearer_token(self.headers.get("Authorization"))
+        if route.job is not None:
+            tokens.authorize(token, route.job, READ)
+        grant = tokens.grant_for(token)
+        if READ not in grant.access:
+            raise PermissionDeniedError(f"token {grant.name} may not read jobs")
+        return grant.allows_job
+
+    def do_HEAD(self) -> None:  # noqa: N802 - the stdlib's name
+        path = urlsplit(self.path).path
+        if path == "/healthz" or is_status_path(path):
+            self.do_GET()  # the same status line and headers; _send and _plain write no body for HEAD
+            return
+        self._plain(405, f"method HEAD not allowed on {path}; use GET (HEAD answers / , /status/..., /api/... and /healthz)")
+
     def _refuse(self, what: str, started: float, status: int, text: str, error: BaseException | None = None) -> None:
         """Answer an export with an error line, counted and logged."""
         self._plain(status, text, error)
@@ -166,6 +278,9 @@ class _Handler(PoolRequestHandler):
         if path == "/healthz":
             self._plain(200, "ok")
             return
+        if is_status_path(path):
+            self._status()
+            return
         started = time.monotonic()
         try:
             request = parse_request(self.path)
@@ -175,7 +290,8 @@ class _Handler(PoolRequestHandler):
         if request is None:
             self._plain(
                 404,
-                f"no route {path}; try /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI&op_id=ID, /jobs/JOB/state.arrow?live=1 or /healthz",
+                f"no route {path}; try /jobs/JOB/state.arrow?checkpoint=N&key_groups=LO-HI&op_id=ID, /jobs/JOB/state.arrow?live=1, "
+                "/ (the status page), /api/jobs or /healthz",
             )
             return
         what = f"of job {request.job}"
@@ -324,11 +440,14 @@ def start_http_export(
     max_exports: int = 4,
     redact=str,
     metrics: PoolMetrics | None = None,
+    maintainer: Callable[[], MaintainerStatus | None] | None = None,
+    status: StatusPageConfig | None = None,
 ) -> HttpExport:
-    """Serve the export routes over ``core`` on host:port (0 picks a free port) from a background thread; HTTPS with ``tls``.
+    """Serve the export routes and the status page over ``core`` on host:port (0 picks a free port) from a background
+    thread; HTTPS with ``tls``.
 
-    Without ``core`` exports get 503 until ``serve(core)``. Every finished export is logged at info and, with ``metrics``,
-    counted in /metrics.
+    Without ``core`` exports and status pages get 503 until ``serve(core)``. Every finished export is logged at info and,
+    with ``metrics``, counted in /metrics. ``maintainer`` is called per status request (None: maintenance off).
     """
 
     def configure(server: _ExportServer) -> None:
@@ -338,10 +457,14 @@ def start_http_export(
         server.max_exports = max_exports
         server.redact = redact
         server.metrics = metrics
+        server.status_config = status or StatusPageConfig()
+        server.status_requests = threading.BoundedSemaphore(server.status_config.max_requests)
+        if maintainer is not None:
+            server.maintainer = maintainer
 
     server, thread = serve_http(
         host, port, _Handler, tls, name="pool-http-export", server_class=_ExportServer, configure=configure, purpose="the HTTP export"
     )
     export = HttpExport(server, thread, host, server.server_address[1], tls=tls is not None)
-    log.info("HTTP export on %s/jobs/JOB/state.arrow", export.url)
+    log.info("HTTP export on %s/jobs/JOB/state.arrow, status page on %s/", export.url, export.url)
     return export

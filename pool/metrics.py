@@ -1,4 +1,4 @@
-"""Prometheus metrics of one pool server: requests, latency, bytes in and out, cache and store counters."""
+"""Prometheus metrics of one pool server: requests, latency, bytes in and out, cache and store counters, its own maintenance."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import grpc
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -123,6 +123,62 @@ class RpcStats(Collector):
             yield family
 
 
+# Maintenance task durations: from a GC of a small job (10 ms) to a compaction of a large checkpoint (30 min).
+MAINTENANCE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0)
+
+
+class MaintenanceMetrics:
+    """The pool's own maintenance (pool/maintenance.py): runs, what they freed and folded, durations, errors, leases held."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.runs = Counter(
+            "clink_pool_maintenance_runs",
+            "Maintenance task runs by task and outcome (ok, error, skipped)",
+            ["task", "outcome"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "clink_pool_maintenance_errors",
+            "Maintenance task runs that failed, by task ('round': listing the jobs)",
+            ["task"],
+            registry=registry,
+        )
+        self.reclaimed = Counter(
+            "clink_pool_maintenance_reclaimed_bytes", "Bytes of data files maintenance GC deleted", ["task"], registry=registry
+        )
+        self.folded = Counter(
+            "clink_pool_maintenance_layers_folded", "Layers maintenance compaction folded into bases", ["task"], registry=registry
+        )
+        self.deleted = Counter(
+            "clink_pool_maintenance_checkpoints_deleted", "Checkpoints maintenance retention deleted", ["task"], registry=registry
+        )
+        self.seconds = Histogram(
+            "clink_pool_maintenance_seconds", "Maintenance task duration by task", ["task"], buckets=MAINTENANCE_BUCKETS, registry=registry
+        )
+        self.leases = Gauge("clink_pool_maintenance_leases_held", "Jobs whose maintenance lease this pool holds", registry=registry)
+
+    def task_finished(
+        self, task: str, outcome: str, seconds: float, bytes_reclaimed: int, layers_folded: int, checkpoints_deleted: int
+    ) -> None:
+        """Record one finished task run."""
+        self.runs.labels(task, outcome).inc()
+        if outcome == "error":
+            self.errors.labels(task).inc()
+        if outcome != "skipped":
+            self.seconds.labels(task).observe(seconds)
+        self.reclaimed.labels(task).inc(bytes_reclaimed)
+        self.folded.labels(task).inc(layers_folded)
+        self.deleted.labels(task).inc(checkpoints_deleted)
+
+    def round_failed(self) -> None:
+        """Record a round that could not list the jobs."""
+        self.errors.labels("round").inc()
+
+    def watch_leases(self, held: Callable[[], int]) -> None:
+        """Read the number of leases held at scrape time."""
+        self.leases.set_function(lambda: float(held()))
+
+
 class PoolMetrics:
     """One registry per server (tests run several servers in one process); implements the interceptor's RpcObserver."""
 
@@ -146,6 +202,7 @@ class PoolMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.maintenance = MaintenanceMetrics(self.registry)
         self._http: PoolHttpServer | None = None
         self._http_thread: threading.Thread | None = None
         self.http_port: int | None = None

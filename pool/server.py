@@ -11,6 +11,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -27,7 +28,8 @@ from pool.errors import store_redactor
 from pool.health import PoolHealth
 from pool.http_serving import bind_problem
 from pool.interceptor import StatusInterceptor
-from pool.lifecycle import LifecycleConfig
+from pool.lifecycle import Lifecycle, LifecycleConfig
+from pool.maintenance import Maintainer, MaintenanceConfig
 from pool.metrics import PoolMetrics
 from pool.servicer import SERVICE_NAME, RemotePoolServicer, add_to_server
 from snapshot.errors import (
@@ -96,6 +98,8 @@ class PoolServerConfig:
     create_bucket: bool = False
     # list the store once at start, so a missing bucket or refused credentials stop the server before it serves
     check_store: bool = True
+    # the pool's own maintenance (pool/maintenance.py): compaction, retention and GC per job under a lease; None: off
+    maintenance: MaintenanceConfig | None = None
 
 
 _HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[^:\[\]]+)):(?P<port>[0-9]+)$")
@@ -257,7 +261,8 @@ def grpc_options(max_message_bytes: int, max_request_bytes: int | None = None) -
 class PoolServer:
     """A running RemotePool: ``start()``, then ``port``; ``stop(grace)`` drains in-flight calls."""
 
-    def __init__(self, config: PoolServerConfig, store: ObjectStore | None = None) -> None:
+    def __init__(self, config: PoolServerConfig, store: ObjectStore | None = None, clock: Callable[[], float] = time.time) -> None:
+        """``clock``: the maintainer's and its lifecycle's time (tests drive maintenance with one of their own)."""
         if config.max_workers < 1:
             raise InvalidArgumentError(f"max_workers must be at least 1, got {config.max_workers}")
         if config.stream_window_bytes < 64 << 10:
@@ -268,7 +273,12 @@ class PoolServer:
             raise InvalidArgumentError(f"max_message_bytes must be at least 1 MiB (chunks are ~1 MiB), got {config.max_message_bytes}")
         for a, b, port in port_clashes(config):
             raise InvalidArgumentError(f"{a} and {b} both name port {port}: give each its own port (0 picks a free one)")
+        if config.maintenance is not None:
+            config.maintenance.check_writes(config.lifecycle.max_write_s, config.pool.max_commit_s)
         self.config = config
+        self._clock = clock
+        # made by start() once the gRPC port is bound (its holder id names the address); None while maintenance is off
+        self.maintainer: Maintainer | None = None
         # a store not handed in is opened by start() once the ports are bound: a port in use leaves no store folder behind
         self._store: ObjectStore | None = self._retrying(store) if store is not None else None
         self._core: PoolCore | None = None
@@ -365,6 +375,7 @@ class PoolServer:
         )
         try:
             self.port = self._bind(server)
+            self.maintainer = self._make_maintainer()
             self._bind_http()
             self._check_store()
             add_to_server(RemotePoolServicer(self.core, lifecycle_config=self.config.lifecycle), server)
@@ -379,11 +390,32 @@ class PoolServer:
             self._release(server)
             raise
         self._server = server
+        if self.maintainer is not None:
+            self.maintainer.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         metrics = f", metrics on http://{self.config.metrics_host}:{self.metrics_port}/metrics" if self.metrics_port else ""
         log.info("RemotePool serving on %s (store %s%s)", self.address, self.store.uri, metrics)
         return self
+
+    def _make_maintainer(self) -> Maintainer | None:
+        """The pool's maintainer (not started) when maintenance is on: its lifecycle shares the core's cache and manifests."""
+        config = self.config.maintenance
+        if config is None or not config.enabled:
+            return None
+        lifecycle = Lifecycle(
+            self.store, self.config.lifecycle, clock=self._clock, cache=self.core.cache, on_manifest_replaced=self.core.forget_manifest
+        )
+        holder = f"{uuid.uuid4().hex[:12]}@{self.address}"  # a fresh id per process: a restarted pool waits out its old leases
+        return Maintainer(
+            self.store,
+            lifecycle,
+            config,
+            holder,
+            clock=self._clock,
+            metrics=self.metrics.maintenance,
+            max_commit_s=self.config.pool.max_commit_s,
+        )
 
     def _bind(self, server: grpc.Server) -> int:
         """Bind the gRPC port; UnavailableError saying why not in one line (before grpc logs its own lines, when it can)."""
@@ -417,6 +449,7 @@ class PoolServer:
                 max_exports=self.config.max_http_exports,
                 redact=self._redact,
                 metrics=self.metrics,
+                maintainer=lambda: self.maintainer,  # resolved per status request: the maintainer starts after binding
             )
 
     def _check_store(self) -> None:
@@ -455,6 +488,8 @@ class PoolServer:
         grace = self.config.grace_seconds if grace is None else grace
         log.info("RemotePool on %s stopping (grace %.1fs)", self.address, grace)
         self.health.enter_graceful_shutdown()
+        if self.maintainer is not None:
+            self.maintainer.stop()  # a clean stop gives its leases back, so another pool takes the jobs over at once
         self._server.stop(grace).wait()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

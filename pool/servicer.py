@@ -8,6 +8,7 @@ import grpc
 
 from pool.auth import WRITE, caller
 from pool.core import PoolCore
+from pool.job_policy import JobPolicies, JobPolicy
 from pool.lifecycle import Lifecycle, LifecycleConfig
 from pool.wire import (
     checkpoint_info_to_pb,
@@ -18,10 +19,13 @@ from pool.wire import (
     delta_chunks_from_pb,
     encode_multi_get_response,
     gc_result_to_pb,
+    job_policy_from_pb,
+    job_policy_to_pb,
     length_delimited_field_1,
     multi_get_keys_from_pb,
     optional_key_group_range_from_pb,
     required_key_group_range_from_pb,
+    retention_run_to_pb,
     savepoint_info_to_pb,
 )
 from protos import remote_pool_pb2 as pb
@@ -40,10 +44,18 @@ def _holder() -> str | None:
 class RemotePoolServicer(pb_grpc.RemotePoolServicer):
     """Converts each RPC to one PoolCore call; domain errors are mapped to status codes by pool.errors.StatusInterceptor."""
 
-    def __init__(self, core: PoolCore, lifecycle: Lifecycle | None = None, lifecycle_config: LifecycleConfig | None = None) -> None:
+    def __init__(
+        self,
+        core: PoolCore,
+        lifecycle: Lifecycle | None = None,
+        lifecycle_config: LifecycleConfig | None = None,
+        pool_policy: JobPolicy | None = None,
+    ) -> None:
         self.core = core
         # lifecycle RPCs share the core's cache; a compaction makes the core forget the replaced manifest
         self.lifecycle = lifecycle or Lifecycle(core.store, lifecycle_config, cache=core.cache, on_manifest_replaced=core.forget_manifest)
+        # pool_policy: the pool's maintenance settings, what a job's unset settings (and RetainCheckpoints' keep_last 0) fall back to
+        self.policies = JobPolicies(self.lifecycle, pool_policy)
 
     def AcquireWriter(self, request: pb.AcquireWriterRequest, context: grpc.ServicerContext) -> pb.AcquireWriterResponse:
         restore_from = request.restore_from if request.HasField("restore_from") else None
@@ -128,6 +140,25 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         if not request.job:
             raise InvalidArgumentError("CollectGarbage: job is required (a store-wide GC runs with `clink-pool gc`)")
         return gc_result_to_pb(self.lifecycle.gc(request.job, request.dry_run))
+
+    def SetJobPolicy(self, request: pb.SetJobPolicyRequest, context: grpc.ServicerContext) -> pb.SetJobPolicyResponse:
+        if request.clear == request.HasField("policy"):
+            raise InvalidArgumentError("SetJobPolicy: give exactly one of policy (to set it) and clear (to remove it)")
+        if request.clear:
+            cleared = self.policies.clear(request.job)
+            return pb.SetJobPolicyResponse(cleared=cleared, effective=job_policy_to_pb(self.policies.effective(None)))
+        policy = self.policies.set(request.job, job_policy_from_pb(request.policy))
+        return pb.SetJobPolicyResponse(policy=job_policy_to_pb(policy), effective=job_policy_to_pb(self.policies.effective(policy)))
+
+    def GetJobPolicy(self, request: pb.GetJobPolicyRequest, context: grpc.ServicerContext) -> pb.GetJobPolicyResponse:
+        policy = self.policies.get(request.job)
+        effective = job_policy_to_pb(self.policies.effective(policy))
+        if policy is None:
+            return pb.GetJobPolicyResponse(found=False, effective=effective)
+        return pb.GetJobPolicyResponse(found=True, policy=job_policy_to_pb(policy), effective=effective)
+
+    def RetainCheckpoints(self, request: pb.RetainCheckpointsRequest, context: grpc.ServicerContext) -> pb.RetainCheckpointsResponse:
+        return retention_run_to_pb(self.policies.retain(request.job, request.keep_last, request.dry_run))
 
     def AnnounceLiveExport(self, request: pb.AnnounceLiveExportRequest, context: grpc.ServicerContext) -> pb.AnnounceLiveExportResponse:
         key_groups = required_key_group_range_from_pb(request, "AnnounceLiveExport")

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from pool.compaction import CompactionResult
 from pool.domain import CheckpointInfo, CommitRequest, CommitResult, KeyGroupRange
 from pool.gc import GcResult
+from pool.job_policy import JobPolicy, RetentionRun
 from pool.savepoints import SavepointInfo
 from protos import remote_pool_pb2 as pb
 from snapshot.errors import InvalidArgumentError
@@ -147,6 +148,43 @@ def gc_result_to_pb(result: GcResult) -> pb.CollectGarbageResponse:
         listed_objects=result.listed_objects,
         referenced=result.referenced,
         too_young=result.too_young,
+    )
+
+
+def job_policy_to_pb(policy: JobPolicy) -> pb.JobPolicy:
+    """A job's policy as its message (an unset field stays unset)."""
+    message = pb.JobPolicy(maintenance_disabled=not policy.maintenance, updated_ms=policy.updated_ms)
+    for name in ("keep_last", "compact_max_layers", "compact_max_delta_bytes"):
+        value = getattr(policy, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message
+
+
+def job_policy_from_pb(message: pb.JobPolicy) -> JobPolicy:
+    """A job's policy from its message, validated (InvalidArgumentError naming the field); updated_ms is the pool's to set."""
+
+    def optional(name: str) -> int | None:
+        return int(getattr(message, name)) if message.HasField(name) else None
+
+    return JobPolicy(
+        keep_last=optional("keep_last"),
+        compact_max_layers=optional("compact_max_layers"),
+        compact_max_delta_bytes=optional("compact_max_delta_bytes"),
+        maintenance=not message.maintenance_disabled,
+    ).validated()
+
+
+def retention_run_to_pb(run: RetentionRun) -> pb.RetainCheckpointsResponse:
+    """What a retention pass removed and kept, and the depth it applied, as its response."""
+    result = run.result
+    return pb.RetainCheckpointsResponse(
+        deleted=result.deleted,
+        kept=result.kept,
+        pinned=result.pinned,
+        keep_last=run.keep_last,
+        keep_last_from=run.keep_last_from,
+        dry_run=result.dry_run,
     )
 
 

@@ -344,6 +344,82 @@ class CollectGarbageResponse(_message.Message):
     too_young: int
     def __init__(self, deleted: _Optional[_Iterable[str]] = ..., deleted_bytes: _Optional[int] = ..., listed_objects: _Optional[int] = ..., referenced: _Optional[int] = ..., too_young: _Optional[int] = ...) -> None: ...
 
+class JobPolicy(_message.Message):
+    __slots__ = ("keep_last", "compact_max_layers", "compact_max_delta_bytes", "maintenance_disabled", "updated_ms")
+    KEEP_LAST_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_MAX_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_MAX_DELTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAINTENANCE_DISABLED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    keep_last: int
+    compact_max_layers: int
+    compact_max_delta_bytes: int
+    maintenance_disabled: bool
+    updated_ms: int
+    def __init__(self, keep_last: _Optional[int] = ..., compact_max_layers: _Optional[int] = ..., compact_max_delta_bytes: _Optional[int] = ..., maintenance_disabled: _Optional[bool] = ..., updated_ms: _Optional[int] = ...) -> None: ...
+
+class SetJobPolicyRequest(_message.Message):
+    __slots__ = ("job", "policy", "clear")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    policy: JobPolicy
+    clear: bool
+    def __init__(self, job: _Optional[str] = ..., policy: _Optional[_Union[JobPolicy, _Mapping]] = ..., clear: _Optional[bool] = ...) -> None: ...
+
+class SetJobPolicyResponse(_message.Message):
+    __slots__ = ("policy", "cleared", "effective")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    policy: JobPolicy
+    cleared: bool
+    effective: JobPolicy
+    def __init__(self, policy: _Optional[_Union[JobPolicy, _Mapping]] = ..., cleared: _Optional[bool] = ..., effective: _Optional[_Union[JobPolicy, _Mapping]] = ...) -> None: ...
+
+class GetJobPolicyRequest(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class GetJobPolicyResponse(_message.Message):
+    __slots__ = ("found", "policy", "effective")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    policy: JobPolicy
+    effective: JobPolicy
+    def __init__(self, found: _Optional[bool] = ..., policy: _Optional[_Union[JobPolicy, _Mapping]] = ..., effective: _Optional[_Union[JobPolicy, _Mapping]] = ...) -> None: ...
+
+class RetainCheckpointsRequest(_message.Message):
+    __slots__ = ("job", "keep_last", "dry_run")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LAST_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    keep_last: int
+    dry_run: bool
+    def __init__(self, job: _Optional[str] = ..., keep_last: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class RetainCheckpointsResponse(_message.Message):
+    __slots__ = ("deleted", "kept", "pinned", "keep_last", "keep_last_from", "dry_run")
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LAST_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LAST_FROM_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    deleted: _containers.RepeatedScalarFieldContainer[int]
+    kept: _containers.RepeatedScalarFieldContainer[int]
+    pinned: _containers.RepeatedScalarFieldContainer[int]
+    keep_last: int
+    keep_last_from: str
+    dry_run: bool
+    def __init__(self, deleted: _Optional[_Iterable[int]] = ..., kept: _Optional[_Iterable[int]] = ..., pinned: _Optional[_Iterable[int]] = ..., keep_last: _Optional[int] = ..., keep_last_from: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
 class AnnounceLiveExportRequest(_message.Message):
     __slots__ = ("job", "key_groups", "epoch", "url", "token", "ttl_seconds")
     JOB_FIELD_NUMBER: _ClassVar[int]

@@ -104,6 +104,21 @@ class RemotePoolStub:
                 request_serializer=protos_dot_remote__pool__pb2.CollectGarbageRequest.SerializeToString,
                 response_deserializer=protos_dot_remote__pool__pb2.CollectGarbageResponse.FromString,
                 _registered_method=True)
+        self.SetJobPolicy = channel.unary_unary(
+                '/clink.remote_state.v1.RemotePool/SetJobPolicy',
+                request_serializer=protos_dot_remote__pool__pb2.SetJobPolicyRequest.SerializeToString,
+                response_deserializer=protos_dot_remote__pool__pb2.SetJobPolicyResponse.FromString,
+                _registered_method=True)
+        self.GetJobPolicy = channel.unary_unary(
+                '/clink.remote_state.v1.RemotePool/GetJobPolicy',
+                request_serializer=protos_dot_remote__pool__pb2.GetJobPolicyRequest.SerializeToString,
+                response_deserializer=protos_dot_remote__pool__pb2.GetJobPolicyResponse.FromString,
+                _registered_method=True)
+        self.RetainCheckpoints = channel.unary_unary(
+                '/clink.remote_state.v1.RemotePool/RetainCheckpoints',
+                request_serializer=protos_dot_remote__pool__pb2.RetainCheckpointsRequest.SerializeToString,
+                response_deserializer=protos_dot_remote__pool__pb2.RetainCheckpointsResponse.FromString,
+                _registered_method=True)
         self.AnnounceLiveExport = channel.unary_unary(
                 '/clink.remote_state.v1.RemotePool/AnnounceLiveExport',
                 request_serializer=protos_dot_remote__pool__pb2.AnnounceLiveExportRequest.SerializeToString,
@@ -204,6 +219,25 @@ class RemotePoolServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetJobPolicy(self, request, context):
+        """Retention (pool/retention.py, pool/job_policy.py): a job's own maintenance policy, and retention run at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetainCheckpoints(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AnnounceLiveExport(self, request, context):
         """Live export (pool/live_exports.py): a running subtask says where its live state is served, so the pool's
         GET /jobs/JOB/state.arrow?live=1 can merge every subtask's; announcements expire unless renewed.
@@ -290,6 +324,21 @@ def add_RemotePoolServicer_to_server(servicer, server):
                     servicer.CollectGarbage,
                     request_deserializer=protos_dot_remote__pool__pb2.CollectGarbageRequest.FromString,
                     response_serializer=protos_dot_remote__pool__pb2.CollectGarbageResponse.SerializeToString,
+            ),
+            'SetJobPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetJobPolicy,
+                    request_deserializer=protos_dot_remote__pool__pb2.SetJobPolicyRequest.FromString,
+                    response_serializer=protos_dot_remote__pool__pb2.SetJobPolicyResponse.SerializeToString,
+            ),
+            'GetJobPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobPolicy,
+                    request_deserializer=protos_dot_remote__pool__pb2.GetJobPolicyRequest.FromString,
+                    response_serializer=protos_dot_remote__pool__pb2.GetJobPolicyResponse.SerializeToString,
+            ),
+            'RetainCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetainCheckpoints,
+                    request_deserializer=protos_dot_remote__pool__pb2.RetainCheckpointsRequest.FromString,
+                    response_serializer=protos_dot_remote__pool__pb2.RetainCheckpointsResponse.SerializeToString,
             ),
             'AnnounceLiveExport': grpc.unary_unary_rpc_method_handler(
                     servicer.AnnounceLiveExport,
@@ -680,6 +729,87 @@ class RemotePool:
             '/clink.remote_state.v1.RemotePool/CollectGarbage',
             protos_dot_remote__pool__pb2.CollectGarbageRequest.SerializeToString,
             protos_dot_remote__pool__pb2.CollectGarbageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetJobPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clink.remote_state.v1.RemotePool/SetJobPolicy',
+            protos_dot_remote__pool__pb2.SetJobPolicyRequest.SerializeToString,
+            protos_dot_remote__pool__pb2.SetJobPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clink.remote_state.v1.RemotePool/GetJobPolicy',
+            protos_dot_remote__pool__pb2.GetJobPolicyRequest.SerializeToString,
+            protos_dot_remote__pool__pb2.GetJobPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetainCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clink.remote_state.v1.RemotePool/RetainCheckpoints',
+            protos_dot_remote__pool__pb2.RetainCheckpointsRequest.SerializeToString,
+            protos_dot_remote__pool__pb2.RetainCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

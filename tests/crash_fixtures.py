@@ -43,6 +43,9 @@ class PoolProcess:
             "warning",
             "--grace",
             "0",
+            # the crash runs read back every acknowledged checkpoint: retention by the pool itself would remove them
+            "--maintenance",
+            "off",
             *extra,
         ]
         self.proc = subprocess.Popen(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -14,6 +13,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from pool.durations import parse_duration
 from snapshot.errors import (
     ClinkError,
     ConflictError,
@@ -107,17 +107,6 @@ def store_config(endpoint_url: str | None, region: str | None):
 
 
 # --- durations ---------------------------------------------------------------------------------------------
-
-_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)$")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """'90', '90s', '15m', '2h', '7d' as seconds; InvalidArgumentError naming the text otherwise."""
-    m = _DURATION.match(str(text).strip())
-    if not m:
-        raise InvalidArgumentError(f"duration {text!r} must be a number with an optional unit s, m, h or d (e.g. 90s, 15m, 2h)")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
 class Duration(click.ParamType):

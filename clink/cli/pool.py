@@ -29,6 +29,7 @@ from snapshot.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from pool.lifecycle import LifecycleConfig
+    from pool.maintenance import MaintenanceConfig
 
 DEFAULT_STORE = "file://./pool-data"
 
@@ -97,7 +98,7 @@ def setup_logging(level: str, output: str) -> None:
 class PoolCommandLine(CommandLine):
     """The clink-pool group: serve here, the store-level commands from pool_lifecycle.py; all take the store options."""
 
-    command_modules = ("clink.cli.pool_lifecycle", "clink.cli.pool_import")
+    command_modules = ("clink.cli.pool_lifecycle", "clink.cli.pool_import", "clink.cli.pool_retain")
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:  # noqa: D102
         apply(STORE_OPTIONS)(cmd)
@@ -277,20 +278,51 @@ class ListenAddress(click.ParamType):
     "--gc-min-age",
     type=DURATION,
     default=None,
-    help="CollectGarbage deletes only unreferenced files older than this (90s, 15m, 2h), so commits in flight are safe. "
-    "Default: 3600s (LifecycleConfig.gc_min_age_s).",
+    help="CollectGarbage and maintenance delete only unreferenced files older than this (90s, 15m, 2h), so commits in flight "
+    "are safe. Default: 3600s (LifecycleConfig.gc_min_age_s).",
 )
 @click.option(
     "--compact-max-layers",
     type=click.IntRange(1),
     default=None,
-    help="CompactCheckpoint (without force) folds a part with more layers than this. Default: 8 (LifecycleConfig.compact_max_layers).",
+    help="CompactCheckpoint (without force) and maintenance fold a part with more layers than this. Default: 8 "
+    "(LifecycleConfig.compact_max_layers).",
 )
 @click.option(
     "--compact-max-delta-mb",
     type=click.IntRange(0),
     default=None,
-    help="CompactCheckpoint (without force) folds a part whose deltas hold more MiB than this. Default: 256 (LifecycleConfig.compact_max_delta_bytes).",
+    help="CompactCheckpoint (without force) and maintenance fold a part whose deltas hold more MiB than this. Default: 256 "
+    "(LifecycleConfig.compact_max_delta_bytes).",
+)
+@click.option(
+    "--maintenance",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    show_default=True,
+    help="Compact, apply retention and collect garbage for every job by itself, every --maintenance-interval; several pools "
+    "on one store elect one maintainer per job by a lease object (maintenance/leases/JOB.json).",
+)
+@click.option(
+    "--maintenance-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="TOML file holding a [maintenance] table: interval, lease_ttl, keep_last, compact_max_layers, compact_max_delta_bytes, "
+    'gc_min_age, compaction, retention, gc, max_jobs_per_round, enabled (durations as 90, "30s", "5m", "1h"). Flags override '
+    "its values; an unknown key or a bad value stops serve with one line naming it (exit 2).",
+)
+@click.option(
+    "--maintenance-interval",
+    type=POSITIVE_DURATION,
+    default=None,
+    help="How often maintenance visits every job (its lease lasts 3x this unless lease_ttl is set). Default: 60s.",
+)
+@click.option(
+    "--keep-last",
+    type=click.IntRange(1),
+    default=None,
+    help="Maintenance keeps the newest K complete checkpoints of a job, plus pinned ones and live writers' restore points "
+    "(savepoints are never touched); a job's own policy overrides it. Default: 3.",
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
 @click.pass_context
@@ -326,6 +358,10 @@ def serve(
     gc_min_age: float | None,
     compact_max_layers: int | None,
     compact_max_delta_mb: int | None,
+    maintenance: str,
+    maintenance_config: str | None,
+    maintenance_interval: float | None,
+    keep_last: int | None,
     log_level: str,
 ) -> None:
     """Serve the RemotePool until SIGTERM or SIGINT, then drain in-flight calls and exit 0.
@@ -336,13 +372,21 @@ def serve(
     (with --output json: {"event": "serving", "address": ..., "port": ..., "metrics_port": ...}).
     S3 credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY when set, otherwise from
     boto3's default chain (profile, instance role).
-    The --gc-min-age and --compact-max-* flags set what the CollectGarbage and CompactCheckpoint RPCs use;
-    retention (keep the newest K checkpoints) is not an RPC: run `clink-pool gc --keep-last K` on the store.
+    Maintenance runs by itself (--maintenance off to disable): per job, while this pool holds the job's lease, it folds
+    the latest checkpoint's parts over --compact-max-layers / --compact-max-delta-mb, keeps the newest --keep-last
+    checkpoints (plus pinned ones and every savepoint), then deletes unreferenced files older than --gc-min-age.
+    A job's own policy (`clink-pool retain`) overrides --keep-last and the thresholds for that job.
+    The --gc-min-age and --compact-max-* flags also set what the CollectGarbage and CompactCheckpoint RPCs use;
+    `clink-pool gc --keep-last K` runs retention and GC once on the store.
     """
     output = output_of(ctx)
     store_uri = store_uri_of(ctx, DEFAULT_STORE)
     if create_bucket and not store_uri.startswith("s3://"):
         raise click.UsageError(f"--create-bucket needs an s3:// store, not {store_uri}", ctx)
+    # read before anything binds: a bad policy file is one line naming the key, exit 2
+    maintenance_settings = maintenance_config_of_flags(
+        maintenance, maintenance_config, maintenance_interval, keep_last, gc_min_age, compact_max_layers, compact_max_delta_mb
+    )
     setup_logging(log_level, output.format)
     # imported here so `clink-pool --help` stays fast and works without the server's dependencies loaded
     from pool.domain import LiveExportConfig, PoolConfig
@@ -389,7 +433,15 @@ def serve(
         ),
         max_concurrent_streams=max_concurrent_streams,
         lifecycle=lifecycle_config(gc_min_age, compact_max_layers, compact_max_delta_mb),
+        maintenance=maintenance_settings,
     )
+    if config.maintenance is not None:  # before anything binds, naming the flags that fix it
+        try:
+            config.maintenance.check_writes(config.lifecycle.max_write_s, config.pool.max_commit_s)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(
+                f"{exc}: raise --gc-min-age (or gc_min_age in --maintenance-config), or pass --maintenance off"
+            ) from None
     for a, b, port in port_clashes(config):  # before anything binds: the second bind would blame "another process"
         raise click.UsageError(
             f"{_PORT_FLAGS[b]} {port} is the port {_PORT_FLAGS[a]} names: give each its own port (0 picks a free one)", ctx
@@ -436,6 +488,35 @@ def lifecycle_config(
         compact_max_layers=LifecycleConfig.compact_max_layers if compact_max_layers is None else compact_max_layers,
         compact_max_delta_bytes=LifecycleConfig.compact_max_delta_bytes if compact_max_delta_mb is None else compact_max_delta_mb << 20,
     )
+
+
+def maintenance_config_of_flags(
+    mode: str,
+    path: str | None = None,
+    interval_s: float | None = None,
+    keep_last: int | None = None,
+    gc_min_age_s: float | None = None,
+    compact_max_layers: int | None = None,
+    compact_max_delta_mb: int | None = None,
+) -> MaintenanceConfig | None:
+    """The server's MaintenanceConfig: the policy file (if any) over the defaults, the flags given over both; None when off.
+
+    A file is read (and refused when bad) even with --maintenance off, so a typo is found before it is switched on.
+    """
+    from dataclasses import replace
+
+    from pool.maintenance import MaintenanceConfig, load_maintenance_policy
+
+    config = load_maintenance_policy(path) if path else MaintenanceConfig()
+    flags: dict[str, Any] = {
+        "interval_s": interval_s,
+        "keep_last": keep_last,
+        "gc_min_age_s": gc_min_age_s,
+        "compact_max_layers": compact_max_layers,
+        "compact_max_delta_bytes": None if compact_max_delta_mb is None else compact_max_delta_mb << 20,
+    }
+    config = replace(config, **{k: v for k, v in flags.items() if v is not None})
+    return config if mode == "on" and config.enabled else None
 
 
 def main(argv: list[str] | None = None) -> None:

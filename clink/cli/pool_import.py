@@ -19,7 +19,7 @@ from snapshot import NUM_KEY_GROUPS
     required=True,
     metavar="SRC",
     help="The state to import: a snapshot file (canonical or changelog), a `clink state-export --format parquet` file, "
-    "a checkpoint (file:///.../jobs/J/chk-N, s3://...), a savepoint directory, a pool (grpc://HOST:PORT/JOB[/chk-N]), "
+    "a checkpoint (file:///.../jobs/J/chk-N, s3://...), a savepoint directory, a pool (grpc://HOST:PORT/JOB[/chk-N]; HOST1:PORT1,HOST2:PORT2 or dns:///NAME:PORT for several), "
     "or a RocksDB checkpoint directory (rocksdb:///path, as RocksDBStateBackend.create_checkpoint writes it).",
 )
 @click.option(

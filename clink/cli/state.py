@@ -45,6 +45,9 @@ SRC may be:
   s3://bucket/prefix/jobs/JOB/chk-7            a checkpoint in S3 (--s3-endpoint-url for MinIO, SeaweedFS, moto)
   file:///data/savepoints/NAME, s3://...       a savepoint
   grpc://HOST:PORT/JOB[/chk-N]                 a pool: its newest complete checkpoint, or checkpoint N
+  grpc://H1:P1,H2:P2,H3:P3/JOB[/chk-N]         several pools on one store: each call goes to the next, and
+                                               fails over to the others when one is down
+  grpc://dns:///NAME:PORT/JOB[/chk-N]          the pools a DNS name resolves to (gRPC's round_robin)
   http://HOST:PORT/jobs/JOB/state.arrow?...    a pool's HTTP export (clink-pool serve --http-port; ?live=1 for
                                                the running job's live state)
   rocksdb:///path/to/checkpoint                a RocksDB checkpoint or database directory (read-only; needs
@@ -112,7 +115,8 @@ HANDLE_STORE_OPTION = shared_option(
     "handle_store",
     metavar="URI",
     help="Where the materialisation handles of a changelog snapshot (export_changelog_snapshot) are resolved: the pool's store "
-    "root (s3://bucket/prefix, file:///path or a directory) or the pool itself (grpc://HOST:PORT). Each handle is verified "
+    "root (s3://bucket/prefix, file:///path or a directory) or the pool itself (grpc://HOST:PORT, several pools as "
+    "grpc://H1:P1,H2:P2, or grpc://dns:///NAME:PORT). Each handle is verified "
     "(commit digest, SHA-256, rows); one that cannot be is an error naming it.",
 )
 

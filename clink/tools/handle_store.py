@@ -20,15 +20,17 @@ POOL_SCHEMES = ("grpc://", "pool://")
 
 
 def _pool_address(uri: str) -> str:
-    url = urlsplit(uri)
-    try:
-        port = url.port
-    except ValueError:
-        port = None
-    if not url.hostname or port is None or url.path.strip("/") or url.query:
-        raise InvalidArgumentError(f"--store {uri}: a pool is grpc://HOST:PORT (or pool://HOST:PORT), with no job or path")
-    host = url.hostname if ":" not in url.hostname else f"[{url.hostname}]"
-    return f"{host}:{port}"
+    """The pool address of --store grpc://ADDRESS (or pool://): HOST:PORT, HOST1:PORT1,HOST2:PORT2 or dns:///NAME:PORT."""
+    from clink.tools.sources import parse_pool_address, split_pool_url
+
+    scheme = next(s for s in POOL_SCHEMES if uri.startswith(s))
+    address, path = split_pool_url(uri, scheme)
+    if not address or ":" not in address or path.strip("/") or urlsplit(uri).query:
+        raise InvalidArgumentError(
+            f"--store {uri}: a pool is grpc://HOST:PORT (or pool://HOST:PORT, a comma list HOST1:PORT1,HOST2:PORT2, or "
+            "dns:///NAME:PORT), with no job or path"
+        )
+    return parse_pool_address(f"--store {uri}", address)
 
 
 class LazyHandleResolver:
@@ -48,11 +50,11 @@ class LazyHandleResolver:
         if self.uri.startswith(POOL_SCHEMES):
             from client.changelog_export import PoolHandleResolver
             from client.pool_client import PoolClient
-            from clink.tools.sources import check_token_transport, pool_client_config
+            from clink.tools.sources import check_pool_token_transport, pool_client_config
 
             address = _pool_address(self.uri)
             c = self.config
-            check_token_transport(c, c.pool_tls_root_certificates is not None, address.rsplit(":", 1)[0], f"--store {self.uri}")
+            check_pool_token_transport(c, address, f"--store {self.uri}")
             client = self._client = PoolClient(address, pool_client_config(c))
             self._resolver = PoolHandleResolver(client)
         else:

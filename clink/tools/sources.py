@@ -82,7 +82,7 @@ class SourceRef:
     job: str = ""
     checkpoint_id: int | None = None  # None: the newest complete checkpoint (pools)
     savepoint: str = ""
-    address: str = ""  # host:port of a pool
+    address: str = ""  # the pool's address: HOST:PORT, a comma list of them, or dns:///NAME:PORT (client.pool_addresses)
 
     def what(self) -> str:
         """What a stored source names, without where: "checkpoint 7 of job orders", "savepoint 'v2'"."""
@@ -172,23 +172,47 @@ def _check_checkpoint_name(spec: str, parts: list[str], job_parts: int) -> None:
         raise InvalidArgumentError(f"{spec}: {parts[-1]!r} is not a checkpoint number; write chk-N with N a whole number from 1 (chk-7)")
 
 
-def _parse_pool(spec: str) -> SourceRef:
-    url = urlsplit(spec)
+# what a grpc:// source looks like, said by every error about one
+POOL_SOURCE_FORMS = "grpc://HOST:PORT/JOB[/chk-N], grpc://HOST1:PORT1,HOST2:PORT2/JOB or grpc://dns:///NAME:PORT/JOB"
+
+
+def split_pool_url(spec: str, scheme: str = "grpc://") -> tuple[str, str]:
+    """(the pool address, the path after it) of SCHEME ADDRESS[/PATH]: ADDRESS is HOST:PORT, a comma list, or dns:///NAME:PORT."""
+    rest = spec[len(scheme) :]
+    rest = re.split(r"[?#]", rest, maxsplit=1)[0]  # a query or fragment names nothing in a pool
+    if rest[:7].lower() == "dns:///":
+        name, _, path = rest[7:].partition("/")
+        return rest[:7] + name, path
+    address, _, path = rest.partition("/")
+    return address, path
+
+
+def parse_pool_address(spec: str, address: str) -> str:
+    """The pool address of a source or --store as the client takes it; InvalidArgumentError naming ``spec`` and the bad entry."""
+    from client.pool_addresses import parse_pool_addresses
+
     try:
-        port = url.port
-    except ValueError:
-        port = None
-    if not url.hostname or port is None:
-        raise InvalidArgumentError(f"{spec}: pool sources are grpc://HOST:PORT/JOB or grpc://HOST:PORT/JOB/chk-N")
-    parts = [unquote(p) for p in url.path.split("/") if p]
+        parsed = parse_pool_addresses(address)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{spec}: {exc}") from None
+    return parsed.dns or ",".join(parsed.hosts)
+
+
+def _parse_pool(spec: str) -> SourceRef:
+    address_text, path = split_pool_url(spec)
+    if not address_text:
+        raise InvalidArgumentError(f"{spec}: no pool address; pool sources are {POOL_SOURCE_FORMS}")
+    if ":" not in address_text:
+        raise InvalidArgumentError(f"{spec}: no port; pool sources are {POOL_SOURCE_FORMS}")
+    address = parse_pool_address(spec, address_text)
+    parts = [unquote(p) for p in path.split("/") if p]
     _check_checkpoint_name(spec, parts, 1)
     checkpoint_id = parse_checkpoint_dir(parts[-1]) if parts else None
     if checkpoint_id is not None:
         parts = parts[:-1]
     if not parts:
-        raise InvalidArgumentError(f"{spec}: no job named; pool sources are grpc://HOST:PORT/JOB[/chk-N]")
-    host = url.hostname if ":" not in url.hostname else f"[{url.hostname}]"
-    return SourceRef("pool", spec, job="/".join(parts), checkpoint_id=checkpoint_id, address=f"{host}:{port}")
+        raise InvalidArgumentError(f"{spec}: no job named; pool sources are {POOL_SOURCE_FORMS}")
+    return SourceRef("pool", spec, job="/".join(parts), checkpoint_id=checkpoint_id, address=address)
 
 
 def _parse_store_path(spec: str, root: str, parts: list[str]) -> SourceRef:
@@ -586,18 +610,25 @@ def pool_client_config(config: SourceConfig):
     )
 
 
+def check_pool_token_transport(config: SourceConfig, address: str, where: str) -> None:
+    """check_token_transport for each host of a pool address (a comma list's every host, a dns:/// name's name)."""
+    from client.pool_addresses import parse_pool_addresses
+
+    for host in parse_pool_addresses(address).host_names():
+        check_token_transport(config, config.pool_tls_root_certificates is not None, host, where)
+
+
 def _load_pool(ref: SourceRef, config: SourceConfig, selection: Selection) -> StateSource:
     from client.pool_client import PoolClient
 
-    host = ref.address.rsplit(":", 1)[0] if ref.address else None
-    check_token_transport(config, config.pool_tls_root_certificates is not None, host, f"pool {ref.address}")
+    check_pool_token_transport(config, ref.address, f"pool {ref.address}")
     client_config = pool_client_config(config)
     try:
         return _scan_pool(ref, selection, PoolClient(ref.address, client_config))
     except UnavailableError as exc:
         reason = getattr(exc, "unreachable", None)
         if isinstance(reason, str):  # no pool at the address: the reason names it, the call that found out is beside the point
-            if "HTTP/1 answered" in reason and _serves_pool_metrics(ref.address, config.pool_timeout_s):
+            if "HTTP/1 answered" in reason and "," not in ref.address and _serves_pool_metrics(ref.address, config.pool_timeout_s):
                 reason = (
                     f"{ref.address} is the pool's metrics port (its /metrics answered), not its gRPC port: the pool speaks gRPC "
                     "on the port given to clink-pool serve --listen (7420 by default)"

@@ -42,7 +42,7 @@ def _serve_config(monkeypatch, *flags: str):
 
 def test_serve_flags_reach_the_lifecycle_config_and_omitted_ones_keep_its_defaults(monkeypatch):
     assert _serve_config(monkeypatch).lifecycle == LifecycleConfig()
-    config = _serve_config(monkeypatch, "--gc-min-age", "0", "--compact-max-layers", "2", "--compact-max-delta-mb", "5")
+    config = _serve_config(monkeypatch, "--maintenance", "off", "--gc-min-age", "0", "--compact-max-layers", "2", "--compact-max-delta-mb", "5")
     assert config.lifecycle == LifecycleConfig(gc_min_age_s=0.0, compact_max_layers=2, compact_max_delta_bytes=5 << 20)
     assert _serve_config(monkeypatch, "--gc-min-age", "90.5").lifecycle == LifecycleConfig(gc_min_age_s=90.5)
     assert lifecycle_config() == LifecycleConfig()
@@ -67,7 +67,7 @@ def test_serve_help_names_the_lifecycle_defaults_it_really_uses():
     assert f"Default: {defaults.compact_max_delta_bytes >> 20} (LifecycleConfig.compact_max_delta_bytes)" in text
 
 
-@pytest.mark.parametrize(("flags", "collected"), [((), False), (("--gc-min-age", "0"), True)])
+@pytest.mark.parametrize(("flags", "collected"), [((), False), (("--maintenance", "off", "--gc-min-age", "0"), True)])
 def test_a_served_pool_collects_a_fresh_orphan_only_with_gc_min_age_zero(tmp_path, flags, collected):
     store = FileStore(tmp_path / "pool")
     build_job(PoolCore(store), "orders", 3, random.Random(5))

@@ -54,6 +54,9 @@ class ServePool:
             "1",
             "--gc-min-age",
             "0",
+            # the histories call GC and retention themselves, at their own moments, against the model
+            "--maintenance",
+            "off",
             *extra,
         ]
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()

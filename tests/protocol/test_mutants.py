@@ -23,13 +23,16 @@ SIM_KILLS = {
     "operator_writes_folded_into_cache": (15, 2),
     "retention_forgets_restore_points": (5, 2),
     "warm_table_keeps_changed_keys": (71, 2),
-    "warm_operator_state_after_moving_on": (354, 2),
+    "warm_operator_state_after_moving_on": (1191, 2),
     # the commit's caches (issue 14): each trusted without its check, a stale view in one of the pools completes wrongly
     "writers_table_trusted_after_the_part": (19, 2),
     "known_parts_not_confirmed": (487, 2),
     "parent_reused_without_its_table": (176, 2),
     # a reader's read checkpoint replaced by a rewound attempt: a stale cached manifest makes a live subtask's read fail
     "manifests_cached_by_id": (4, 2),
+    # maintenance (issue 18): a maintainer that takes an unexpired lease, a GC that trusts files of any age
+    "maintenance_lease_ignores_expiry": (2, 1),
+    "maintenance_gc_without_min_age": (9, 1),
 }
 
 

@@ -337,6 +337,33 @@ def _parent_check_skipped_during_its_removal():  # step 6 skipped on an unchange
         yield
 
 
+def _maintenance_lease_ignores_expiry():  # a pool takes a job's maintenance lease another pool still holds
+    import pool.maintenance_lease as lease_mod
+
+    real = lease_mod.MaintenanceLeases.read
+
+    def read(self, job):
+        current = real(self, job)
+        return None if current is None else dataclasses.replace(current, expires_ms=0)  # every lease looks expired
+
+    with patched(lease_mod.MaintenanceLeases, "read", read):
+        yield
+
+
+def _maintenance_gc_without_min_age():  # the pool's maintainer runs GC with no minimum age (files of commits in flight go)
+    import pool.maintenance as maintenance_mod
+
+    real = maintenance_mod.Maintainer._job_context
+
+    def job_context(self, policy):
+        context = real(self, policy)
+        context.config = dataclasses.replace(context.config, gc_min_age_s=0.0)
+        return context
+
+    with patched(maintenance_mod.Maintainer, "_job_context", job_context):
+        yield
+
+
 MUTANTS: dict[str, Callable[[], object]] = {
     "layers_in_listed_order": _layers_in_listed_order,
     "empty_fold_writes_no_base": _empty_fold_writes_no_base,
@@ -357,6 +384,8 @@ MUTANTS: dict[str, Callable[[], object]] = {
     "parent_reused_without_its_table": _parent_reused_without_its_table,
     "staged_parts_trusted_across_removals": _staged_parts_trusted_across_removals,
     "parent_check_skipped_during_its_removal": _parent_check_skipped_during_its_removal,
+    "maintenance_lease_ignores_expiry": _maintenance_lease_ignores_expiry,
+    "maintenance_gc_without_min_age": _maintenance_gc_without_min_age,
 }
 
 

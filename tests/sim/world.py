@@ -10,6 +10,8 @@ behind. A failure raises SimViolation naming the seed and the step.
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import random
 import uuid
 from collections.abc import Callable
@@ -22,6 +24,8 @@ from client.delta import MISSING
 from pool.core import PoolCore
 from pool.domain import PoolConfig
 from pool.lifecycle import Lifecycle, LifecycleConfig
+from pool.maintenance import Maintainer, MaintenanceConfig
+from pool.maintenance_lease import LEASE_PREFIX, Lease
 from pool.protocol import carried_paths, own_delta
 from snapshot.errors import ClinkError, FencedError, NotFoundError
 from store.checkpoint import CheckpointReader
@@ -129,10 +133,33 @@ class Subtask:
     cancelled: bool = False
 
 
+def clink_error_names() -> frozenset[str]:
+    """Names of every ClinkError class: a maintenance run that failed with anything else hit a defect."""
+    out, todo = set(), [ClinkError]
+    while todo:
+        cls = todo.pop()
+        out.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return frozenset(out)
+
+
+class SimMaintainer(Maintainer):
+    """A pool's maintainer (pool/maintenance.py) whose every task start and end the world checks against the leases."""
+
+    world: World
+
+    def _run_task(self, job, task, context, lease):  # noqa: ANN001, ANN202 - Maintainer's own signature
+        self.world.task_started(self, job, task, lease)
+        try:
+            return super()._run_task(job, task, context, lease)
+        finally:
+            self.world.task_ended(self, job)
+
+
 class World:
     """One seeded run: ``run(steps)`` drives the workload, checks after every step, and drains at the end."""
 
-    def __init__(self, seed: int, faults: bool = True) -> None:
+    def __init__(self, seed: int, faults: bool = True, maintainers: bool | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.sched = Scheduler(random.Random(seed * 7919 + 1), pct=random.Random(seed).choice([0.0, 0.0, 0.02, 0.1]))
@@ -206,6 +233,41 @@ class World:
         if self.gc_focus:
             self.time_weight = 6
             self.compact_weight = 0.5
+        # the pools' own maintenance (pool/maintenance.py): two maintainers competing for leases, rounds beside everything
+        # else; its choices come from an rng of its own, so a seed without maintainers runs exactly as it did before them
+        self.maint_rng = random.Random(seed * 613 + 29)
+        self.with_maintainers = self.maint_rng.random() < 0.5 if maintainers is None else maintainers
+        self.maintainers: list[SimMaintainer] = []
+        self.maint_busy: dict[str, Actor] = {}  # holder -> its round (or release) in flight
+        self.generation = 0
+        self.in_task: dict[str, dict[str, int]] = {}  # job -> holder -> expiry of the lease its running task started under
+        self.lease_seen: dict[str, tuple[str, int]] = {}  # lease key -> (holder, expires_ms) of its last write
+        self.last_task_holder: dict[str, str] = {}
+        self.error_names = clink_error_names()
+        for key in (
+            "maintainer_rounds",
+            "maintainer_tasks",
+            "maintainer_takeovers",
+            "maintainer_deaths",
+            "maintainer_gc_bytes",
+            "maintainer_layers_folded",
+            "maintainer_checkpoints_deleted",
+        ):
+            self.stats[key] = 0
+        if self.with_maintainers:
+            rng = self.maint_rng
+            ttl_s = rng.choice([0.1, 0.25, 1.0]) * self.min_age_ms / 1000  # a dead holder's lease lapses within the run
+            self.maint_config = MaintenanceConfig(
+                interval_s=ttl_s / 3,
+                lease_ttl_s=ttl_s,
+                keep_last=rng.randint(1, 3),
+                compact_max_layers=rng.randint(1, 4),
+                compact_max_delta_bytes=rng.choice([2000, 1 << 20]),
+                gc_min_age_s=self.min_age_ms / 1000,
+                history=8,
+            )
+            self.maint_rate = rng.choice([0.05, 0.15, 0.3])
+            self.maintainers = [self._maintainer(n) for n in range(2)]
 
     # ---- construction -----------------------------------------------------------------------------------------
 
@@ -230,12 +292,106 @@ class World:
         )
         return core, life
 
+    def _maintainer(self, n: int) -> SimMaintainer:
+        """A new maintainer process on pool n (its holder id names its generation: a restarted one is a new holder)."""
+        self.generation += 1
+        _, life = self.pools[n % len(self.pools)]
+        clock = lambda: self.sched.now_ms / 1000  # noqa: E731 - the logical clock in seconds
+        holder = f"m{n}-g{self.generation}"
+        m = SimMaintainer(life.store, life, self.maint_config, holder, clock, max_commit_s=self.min_age_ms / 3000)
+        m.world = self
+        return m
+
+    def maintainer_round(self) -> None:
+        """One idle maintainer runs a round (or, rarely, stops cleanly or dies between rounds and is started again)."""
+        idle = [(n, m) for n, m in enumerate(self.maintainers) if m.holder_id not in self.maint_busy]
+        if not idle:
+            return
+        n, m = self.maint_rng.choice(idle)
+        choice = self.maint_rng.random()
+        if choice < 0.01:  # killed between rounds: its leases stay until they expire
+            self.stats["maintainer_deaths"] += 1
+            self.note(f"maintainer {m.holder_id} dies")
+            self.maintainers[n] = self._maintainer(n)
+            return
+        if choice < 0.03:  # a clean stop: its leases are released, then a new process starts
+            self.note(f"maintainer {m.holder_id} stops cleanly")
+
+            def released(actor: Actor) -> None:
+                self.maint_busy.pop(m.holder_id, None)
+                self._ignore_errors("release leases")(actor)
+                self.maintainers[n] = self._maintainer(n)
+
+            self.maint_busy[m.holder_id] = self.sched.spawn(f"release-{m.holder_id}", m.release_leases)
+            self.maint_busy[m.holder_id].done = released  # type: ignore[attr-defined]
+            return
+        self.stats["maintainer_rounds"] += 1
+        self.note(f"maintainer {m.holder_id} runs a round")
+
+        def done(actor: Actor) -> None:
+            self.maint_busy.pop(m.holder_id, None)
+            if isinstance(actor.error, SimCrash):  # the pool died mid-round: a new process (a new holder) takes its place
+                self.stats["maintainer_deaths"] += 1
+                for holders in self.in_task.values():
+                    holders.pop(m.holder_id, None)
+                if self.maintainers[n] is m:
+                    self.maintainers[n] = self._maintainer(n)
+                return
+            if actor.error is not None:
+                self.fail(f"maintainer {m.holder_id}'s round raised {type(actor.error).__name__}: {actor.error}")
+            for job, runs in actor.result.items():
+                for run in runs:
+                    if run.outcome == "error" and run.detail.split(":", 1)[0] not in self.error_names:
+                        self.fail(f"maintenance {run.task} of job {job} hit a defect: {run.detail}")
+                    if run.outcome == "error":
+                        self.note(f"maintenance {run.task} of {job} by {m.holder_id} failed: {run.detail[:100]}")
+                    self.stats["maintainer_gc_bytes"] += run.bytes_reclaimed
+                    self.stats["maintainer_layers_folded"] += run.layers_folded
+                    self.stats["maintainer_checkpoints_deleted"] += run.checkpoints_deleted
+
+        actor = self.sched.spawn(f"maintain-{m.holder_id}", m.run_once)
+        actor.done = done  # type: ignore[attr-defined]
+        self.maint_busy[m.holder_id] = actor
+
+    def task_started(self, m: Maintainer, job: str, task: str, lease: Lease) -> None:
+        """A task starts only under the maintainer's own unexpired lease, and never beside another's under a live lease."""
+        now = self.sched.now_ms
+        item = self._objects().get(f"{LEASE_PREFIX}{job}.json")
+        body = json.loads(item[0]) if item else {}
+        if body.get("holder") != m.holder_id or body.get("expires_ms", 0) <= now:
+            self.fail(f"maintainer {m.holder_id} starts {task} of {job} without holding its lease (the store has {body})")
+        for holder, expires in self.in_task.get(job, {}).items():
+            if holder != m.holder_id and expires > now:
+                self.fail(f"maintainers {holder} and {m.holder_id} maintain job {job} at once ({holder}'s lease lasts to {expires})")
+        self.in_task.setdefault(job, {})[m.holder_id] = lease.expires_ms
+        if self.last_task_holder.get(job, m.holder_id) != m.holder_id:
+            self.stats["maintainer_takeovers"] += 1
+        self.last_task_holder[job] = m.holder_id
+        self.stats["maintainer_tasks"] += 1
+
+    def task_ended(self, m: Maintainer, job: str) -> None:
+        self.in_task.get(job, {}).pop(m.holder_id, None)
+
+    def observe_lease(self, key: str) -> None:
+        """A lease changes hands only once its holder's expiry has passed (or the holder released it: expired now)."""
+        item = self._objects().get(key)
+        if item is None:
+            self.lease_seen.pop(key, None)
+            return
+        body = json.loads(item[0])
+        before = self.lease_seen.get(key)
+        if before is not None and before[0] != body["holder"] and before[1] > self.sched.now_ms:
+            self.fail(f"lease {key} went from {before[0]} (expires {before[1]}) to {body['holder']} at {self.sched.now_ms}")
+        self.lease_seen[key] = (body["holder"], body["expires_ms"])
+
     def _local_pool(self) -> LocalPool:
         return LocalPool([c for c, _ in self.pools], random.Random(self.client_rng.getrandbits(32)))
 
     def observe(self, seq: int, op: str, key: str, before) -> None:
         """Record when each writer was fenced and when each part landed, from the store's own effects."""
-        if key == f"jobs/{JOB}/writers" and op in ("compare_and_swap", "put_if_absent", "put"):
+        if key.startswith(LEASE_PREFIX):
+            self.observe_lease(key)
+        elif key == f"jobs/{JOB}/writers" and op in ("compare_and_swap", "put_if_absent", "put"):
             from store.writers import parse_writers
 
             old = parse_writers(before[0], key).writers if before else ()
@@ -962,11 +1118,13 @@ class World:
     def run(self, steps: int) -> dict:
         if self.gc_focus:
             steps *= 2  # garbage needs a long history: checkpoints folded, then retired, then old enough
-        with deterministic_ids(random.Random(self.seed * 17 + 5)):
+        with deterministic_ids(random.Random(self.seed * 17 + 5)), quiet_maintenance():
             self.start()
             for self.step_no in range(1, steps + 1):
                 if len(self.sched.actors) < self.max_actors or self.rng.random() < 0.1:
                     self.pick_action()
+                if self.maintainers and self.maint_rng.random() < self.maint_rate:
+                    self.maintainer_round()
                 actor = self.sched.step()
                 if actor is not None and actor.state == "done":
                     self.finish(actor)
@@ -1017,6 +1175,18 @@ class World:
         versions = self.complete_versions()
         if cid not in versions:
             self.fail(f"after a quiet final round every subtask committed checkpoint {cid}, yet it is not complete (a wedge)")
+
+
+@contextmanager
+def quiet_maintenance():
+    """Maintenance logs each failed task as a warning: under injected faults that is noise, not news."""
+    logger = logging.getLogger("clink.pool.maintenance")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextmanager
