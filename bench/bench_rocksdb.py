@@ -233,7 +233,7 @@ def native_result(native: NativeScan | str, baseline_s: float, render_s: float, 
         "native_link": native.link,
         "native_read": native.read,
         "native_open_error": native.open_error,
-        "native_scan_s": {name: round(t, 4) for name, t in scans.items()},
+        "native_scan_s": {name: round(t, 7) for name, t in scans.items()},
         "native_ratio": round(scan_s / baseline_s, 3),
         "native_best_variant": best,
         "native_best_ratio": round(copied[best] / baseline_s, 3),
@@ -244,8 +244,8 @@ def native_result(native: NativeScan | str, baseline_s: float, render_s: float, 
         "target_vs_native": round(TARGET_RATIO * baseline_s / scan_s, 3),
     }
     if native.copy_render_s is not None and native.copy_iteration_s is not None:
-        out["copy_rocksdb_checkpoint_to_arrow_s"] = round(native.copy_render_s, 4)
-        out["copy_rocksdb_iteration_s"] = round(native.copy_iteration_s, 4)
+        out["copy_rocksdb_checkpoint_to_arrow_s"] = round(native.copy_render_s, 7)
+        out["copy_rocksdb_iteration_s"] = round(native.copy_iteration_s, 7)
     return out
 
 
@@ -319,10 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "rows": args.rows,
         "stream_bytes": len(blob),
-        "load_s": round(load_s, 4),
-        "rocksdb_checkpoint_to_arrow_s": round(render_s, 4),
-        "raw_ipc_write_s": round(baseline_s, 4),
-        "rocksdb_iteration_s": round(iterate_s, 4),
+        "load_s": round(load_s, 7),
+        "rocksdb_checkpoint_to_arrow_s": round(render_s, 7),
+        "raw_ipc_write_s": round(baseline_s, 7),
+        "rocksdb_iteration_s": round(iterate_s, 7),
         "ratio": round(ratio, 3),
         "iteration_ratio": round(iterate_s / baseline_s, 3),
         "target": TARGET_RATIO,

@@ -42,9 +42,11 @@ def _serve_config(monkeypatch, *flags: str):
 
 def test_serve_flags_reach_the_lifecycle_config_and_omitted_ones_keep_its_defaults(monkeypatch):
     assert _serve_config(monkeypatch).lifecycle == LifecycleConfig()
-    config = _serve_config(monkeypatch, "--maintenance", "off", "--gc-min-age", "0", "--compact-max-layers", "2", "--compact-max-delta-mb", "5")
+    config = _serve_config(
+        monkeypatch, "--maintenance", "off", "--gc-min-age", "0", "--compact-max-layers", "2", "--compact-max-delta-mb", "5"
+    )
     assert config.lifecycle == LifecycleConfig(gc_min_age_s=0.0, compact_max_layers=2, compact_max_delta_bytes=5 << 20)
-    assert _serve_config(monkeypatch, "--gc-min-age", "90.5").lifecycle == LifecycleConfig(gc_min_age_s=90.5)
+    assert _serve_config(monkeypatch, "--maintenance", "off", "--gc-min-age", "90.5").lifecycle == LifecycleConfig(gc_min_age_s=90.5)
     assert lifecycle_config() == LifecycleConfig()
 
 
