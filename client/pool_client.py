@@ -10,7 +10,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -836,10 +836,16 @@ class PoolClient:
         """Delete one checkpoint (its files are left to GC)."""
         job = validate_job(job)
         req = pb.DeleteCheckpointRequest(job=job, checkpoint_id=checkpoint_id)
-        self._call(
-            f"delete checkpoint {checkpoint_id} of job {job}",
-            lambda: self._stub.DeleteCheckpoint(req, timeout=self._deadline(), metadata=self._metadata),
-        )
+
+        def send(attempt: int) -> None:
+            try:
+                self._stub.DeleteCheckpoint(req, timeout=self._deadline(), metadata=self._metadata)
+            except grpc.RpcError as exc:
+                if attempt and exc.code() == grpc.StatusCode.NOT_FOUND:
+                    return  # an earlier attempt's answer was lost (maybe on another pool): the checkpoint is gone, as asked
+                raise
+
+        self._attempts(f"delete checkpoint {checkpoint_id} of job {job}", send)
 
     # -- lifecycle (pool/lifecycle.py on the pool's store) -------------------------------------------
 
@@ -999,11 +1005,14 @@ class PoolClient:
         compact_max_layers: int | None = None,
         compact_max_delta_bytes: int | None = None,
         maintenance: bool = True,
+        only: Iterable[str] | None = None,
     ) -> JobPolicyInfo:
         """Store the job's own maintenance policy (replacing any; a None setting: the pool's applies); the policy now in force.
 
         ``maintenance=False``: the pool's maintainer leaves the job alone. Each setting is at least 1 (InvalidArgumentError
-        naming it); an unknown job is NotFoundError. Retried: setting the same policy twice is one policy.
+        naming it); an unknown job is NotFoundError. ``only`` names the settings to change (of keep_last,
+        compact_max_layers, compact_max_delta_bytes, maintenance): the stored policy's others stay, merged on the pool by
+        compare-and-swap so two updates at once both land. Retried: setting the same policy twice is one policy.
         """
         job = validate_job(job)
         if not isinstance(maintenance, bool):
@@ -1016,20 +1025,29 @@ class PoolClient:
         ):
             if (checked := self._policy_setting(name, value)) is not None:
                 setattr(policy, name, checked)
-        req = pb.SetJobPolicyRequest(job=job, policy=policy)
+        fields = list(only) if only is not None else []
+        if only is not None and not fields:
+            raise InvalidArgumentError("only= names no setting to change (leave it out to replace the whole policy)")
+        req = pb.SetJobPolicyRequest(job=job, policy=policy, fields=fields)
         resp = self._call(
             f"set the policy of job {job}", lambda: self._stub.SetJobPolicy(req, timeout=self._deadline(), metadata=self._metadata)
         )
         return self._policy_info(job, resp.policy, resp.effective)
 
     def clear_job_policy(self, job: str) -> bool:
-        """Remove the job's own policy (the pool's settings apply again): whether there was one. Idempotent."""
+        """Remove the job's own policy (the pool's settings apply again): whether there was one. Idempotent.
+
+        After a retry (an earlier attempt's answer lost, maybe on another pool) True means only that none is left: the
+        earlier attempt may have removed it.
+        """
         job = validate_job(job)
         req = pb.SetJobPolicyRequest(job=job, clear=True)
-        resp = self._call(
-            f"clear the policy of job {job}", lambda: self._stub.SetJobPolicy(req, timeout=self._deadline(), metadata=self._metadata)
-        )
-        return bool(resp.cleared)
+
+        def send(attempt: int) -> bool:
+            resp = self._stub.SetJobPolicy(req, timeout=self._deadline(), metadata=self._metadata)
+            return bool(resp.cleared) or attempt > 0
+
+        return self._attempts(f"clear the policy of job {job}", send)
 
     def get_job_policy(self, job: str) -> JobPolicyInfo | None:
         """The job's own policy with what applies to it; None when the job has none (the pool's settings apply)."""

@@ -78,26 +78,30 @@ class Compaction:
         new_parts: list[Part] = []
         new_files: dict[str, DataFile] = {}
         folded, written = [], 0
-        for part in manifest.parts:
-            if part not in todo:
-                new_parts.append(part)
-                continue
-            keyed = reader.part_keyed(manifest, part, part.kg_lo, part.kg_hi)
-            ops = reader.operator_view(manifest)  # the checkpoint's whole operator state: a base is as of its checkpoint for every part
-            table = pa.concat_tables([keyed, ops.cast(keyed.schema)]) if ops.num_rows else keyed
-            encoded: EncodedFile = encode_datafile(
-                table,
-                changelog=False,
-                target_segment_bytes=fold_segment_target(table, part.kg_hi - part.kg_lo + 1),
-                count_states=True,  # each part's base repeats the operator state: the anatomy counts it once by its slots
-            )
-            # written even when empty: the base marks the point its part was folded at (older rows, keyed or operator, are gone)
-            path = new_data_path()
-            self.context.store.put_if_absent(job_file_key(job, path), encoded.data)
-            written += len(encoded.data)
-            new_files[path] = encoded.entry(path, KIND_BASE, part.kg_lo, part.kg_hi, manifest.checkpoint_id)
-            new_parts.append(Part(part.kg_lo, part.kg_hi, part.epoch, part.parent_id, ((path,),)))
-            folded.append((part.kg_lo, part.kg_hi, len(part.layers)))
+        try:
+            for part in manifest.parts:
+                if part not in todo:
+                    new_parts.append(part)
+                    continue
+                keyed = reader.part_keyed(manifest, part, part.kg_lo, part.kg_hi)
+                ops = reader.operator_view(manifest)  # the checkpoint's whole operator state: a base is as of its checkpoint for every part
+                table = pa.concat_tables([keyed, ops.cast(keyed.schema)]) if ops.num_rows else keyed
+                encoded: EncodedFile = encode_datafile(
+                    table,
+                    changelog=False,
+                    target_segment_bytes=fold_segment_target(table, part.kg_hi - part.kg_lo + 1),
+                    count_states=True,  # each part's base repeats the operator state: the anatomy counts it once by its slots
+                )
+                # written even when empty: the base marks the point its part was folded at (older rows, keyed or operator, are gone)
+                path = new_data_path()
+                self.context.store.put_if_absent(job_file_key(job, path), encoded.data)
+                written += len(encoded.data)
+                new_files[path] = encoded.entry(path, KIND_BASE, part.kg_lo, part.kg_hi, manifest.checkpoint_id)
+                new_parts.append(Part(part.kg_lo, part.kg_hi, part.epoch, part.parent_id, ((path,),)))
+                folded.append((part.kg_lo, part.kg_hi, len(part.layers)))
+        except BaseException:
+            self._discard(job, new_files)  # named by nothing yet: left behind, they would hold a deleted job's folder open
+            raise
         used = {x for p in new_parts for layer in p.layers for x in layer}
         files = {f.path: f for f in manifest.files if f.path in used} | new_files
         # the files no longer used stay referenced while the checkpoint exists: a commit may have copied them already
@@ -115,19 +119,29 @@ class Compaction:
             retired,
         )
         if self.context.clock() - started > self.context.config.max_write_s:
+            self._discard(job, new_files)
             raise UnavailableError(
                 f"compaction of checkpoint {manifest.checkpoint_id} of job {job} took longer than "
-                f"{self.context.config.max_write_s:g} s; nothing was replaced (its files are left to GC)"
+                f"{self.context.config.max_write_s:g} s; nothing was replaced (its files were deleted)"
             )
         try:
             self.context.store.compare_and_swap(key, manifest_json(compacted, manifest_extra_fields(raw)), etag)
         except (ConflictError, NotFoundError):
+            self._discard(job, new_files)  # the swap did not happen: nothing names the bases just written
             raise ConflictError(
                 f"checkpoint {manifest.checkpoint_id} of job {job} changed or was deleted while compacting; nothing was replaced"
             ) from None
         if self.context.on_manifest_replaced is not None:
             self.context.on_manifest_replaced(job, manifest.checkpoint_id)
         return CompactionResult(job, manifest.checkpoint_id, tuple(folded), len(new_files), written)
+
+    def _discard(self, job: str, new_files: dict[str, DataFile]) -> None:
+        """Delete the bases of a compaction that replaced nothing (best effort: one that stays is GC's, past its minimum age)."""
+        for path in new_files:
+            try:
+                self.context.store.delete(job_file_key(job, path))
+            except Exception:  # noqa: BLE001 - the compaction's own error is the one to report
+                return
 
     def compact_job(self, job: str, force: bool = False) -> CompactionResult:
         """Compact the latest complete checkpoint of a job (what the next commits build on)."""

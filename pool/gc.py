@@ -52,6 +52,8 @@ class GcResult:
     temp_files: int = 0
     # jobs left alone because manifests kept vanishing while they were read (retention or deletes racing the run)
     skipped_jobs: list[str] = field(default_factory=list)
+    # why the run stopped before its last delete (``stop`` said so); its progress marker stays, as after a crash
+    stopped: str | None = None
 
 
 def _unreferenced_old_enough(infos: list[ObjectInfo], refs: set[str], now: int, min_age: int, result: GcResult) -> list[ObjectInfo]:
@@ -80,6 +82,8 @@ class GarbageCollector:
         dry_run: bool = False,
         max_deletes: int | None = None,
         progress: Callable[[int, int], None] | None = None,
+        stop: Callable[[int, int], str | None] | None = None,
+        by_store_clock: bool = False,
     ) -> GcResult:
         """Delete data files that nothing references and that are older than gc_min_age_s; one LIST per run.
 
@@ -89,6 +93,8 @@ class GarbageCollector:
         minimum age. A run writes a progress marker (gc/progress.json, or jobs/<job>/gc-progress.json for one job) before
         deleting and removes it at the end, so an interrupted run is reported by the next one in its scope, which
         recomputes everything from a fresh listing (deletes are idempotent). A ``job`` with no object is NotFoundError.
+        ``stop(done, planned)`` may end the run before a delete with its reason (``GcResult.stopped``);
+        ``by_store_clock`` judges ages by the store's clock (the marker's last-modified time) instead of this pool's.
         """
         scope = "" if job is None else job_prefix(self.context.job(job))
         marker_key = job_gc_marker_key(job) if job is not None else GC_MARKER
@@ -143,9 +149,14 @@ class GarbageCollector:
         if candidates:
             plan = {"started_ms": now, "scope": result.scope, "planned": len(candidates)}
             self.context.store.put(marker_key, json.dumps(plan, sort_keys=True).encode())
+            if by_store_clock:  # the maintainer runs on every pool: one whose clock runs ahead must not judge ages
+                candidates = self._old_by_the_stores_clock(marker_key, candidates, min_age, result)
         for n, info in enumerate(candidates):
             if max_deletes is not None and n >= max_deletes:
                 return result  # stopped early on purpose: the marker stays, as after a crash
+            result.stopped = stop(n, len(candidates)) if stop is not None else None
+            if result.stopped is not None:
+                return result  # the caller's reason (a maintainer's lease about to lapse): the marker stays
             self.context.store.delete(info.key)
             result.deleted.append(info.key)
             result.deleted_bytes += info.size
@@ -154,6 +165,16 @@ class GarbageCollector:
         for key in {marker_key, *markers} if candidates or markers else ():
             self.context.store.delete(key)
         return result
+
+    def _old_by_the_stores_clock(self, marker_key: str, candidates: list[ObjectInfo], min_age: int, result: GcResult) -> list[ObjectInfo]:
+        """The candidates old enough by the store's own clock (the marker just written): a pool whose clock runs ahead deletes nothing young."""
+        try:
+            store_now = self.context.store.head(marker_key).last_modified_ms
+        except NotFoundError:
+            return []  # the marker is gone already (another run finished it): judge again next run
+        kept = [c for c in candidates if store_now - c.last_modified_ms >= min_age]
+        result.too_young += len(candidates) - len(kept)
+        return kept
 
     def _savepoint_candidates(self, infos: list[ObjectInfo], now: int, min_age: int, result: GcResult) -> list[ObjectInfo]:
         """Objects under savepoints/ that no savepoint's _metadata names (a savepoint is any folder holding one, at any depth).

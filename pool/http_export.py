@@ -175,6 +175,10 @@ class _Handler(PoolRequestHandler):
         body = (" ".join(self.server.redact(text).split()) + "\n").encode()
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        if status == 405:  # HEAD answers only the status paths; the export streams are GET alone
+            path = urlsplit(self.path).path
+            self.send_header("Allow", "GET, HEAD" if path == "/healthz" or is_status_path(path) else "GET")
         if error is not None:
             self.send_header("X-Clink-Error", type(error).__name__)  # the domain error's class, as the gRPC trailer names it
         if status == 503:
@@ -237,6 +241,8 @@ class _Handler(PoolRequestHandler):
         try:
             doc = document(self.server.status_page(core), route, visible)
             content_type, body = render(route, doc)
+            # errors quoted in the documents (a job's listing, the maintainer's runs) may name the store's bucket and prefix
+            body = self.server.redact(body.decode()).encode()
         except Exception as exc:  # noqa: BLE001 - every failure is a status line and a page saying it, the server stays up
             status = status_for(exc)
             if status == 500:
@@ -385,9 +391,9 @@ class _Handler(PoolRequestHandler):
             _finished(self.server.metrics, what, outcome, started, sent, table.num_rows, detail)
 
     def _not_allowed(self) -> None:
-        self._plain(405, f"method {self.command} not allowed; use GET")
+        self._plain(405, f"method {self.command} not allowed; use GET or HEAD")
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
 
 
 def _finished(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from snapshot.errors import CorruptDataError, InvalidArgumentError, NotFoundError
+from snapshot.errors import ConflictError, CorruptDataError, InvalidArgumentError, NotFoundError
 from snapshot.names import validate_job
 from store.layout import job_prefix, writers_key
 from store.objects import ObjectStore
+from store.writers import parse_writers
 
 if TYPE_CHECKING:
     from pool.lifecycle import Lifecycle
@@ -21,6 +22,10 @@ POLICY_FORMAT_VERSION = 1
 _POLICY_SUFFIX = ".json"
 # the settings a stored policy may hold besides its format fields; anything else is refused by name
 _LIMITS = ("keep_last", "compact_max_layers", "compact_max_delta_bytes")
+# the settings one update may change (SetJobPolicy's fields mask, `clink-pool retain`'s given options)
+POLICY_SETTINGS = (*_LIMITS, "maintenance")
+MAX_SETTING = (1 << 63) - 1  # the protocol carries int64
+_UPDATE_ATTEMPTS = 8  # compare-and-swap rounds an update tries against concurrent updates before ConflictError
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,8 @@ class JobPolicy:
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name} = {value!r} must be an integer of at least 1 (or unset)")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SETTING:
+                raise InvalidArgumentError(f"{name} = {value!r} must be an integer in 1..{MAX_SETTING} (or unset)")
         if not isinstance(self.maintenance, bool):
             raise InvalidArgumentError(f"maintenance = {self.maintenance!r} must be true or false")
         if isinstance(self.updated_ms, bool) or not isinstance(self.updated_ms, int) or self.updated_ms < 0:
@@ -68,12 +73,35 @@ def job_of_policy_key(key: str) -> str | None:
         return None
 
 
-def encode_job_policy(job: str, policy: JobPolicy) -> bytes:
-    """The stored JSON body of ``policy`` (validated first)."""
+def job_life(store: ObjectStore, job: str) -> str:
+    """The life token of the job's writers table ("" when it has none yet, or one written before lives)."""
+    key = writers_key(job)
+    try:
+        return parse_writers(store.get(key), key).life
+    except NotFoundError:
+        return ""
+
+
+def encode_job_policy(job: str, policy: JobPolicy, life: str = "") -> bytes:
+    """The stored JSON body of ``policy`` (validated first), tied to the job's ``life`` when it has one."""
     policy.validated()
     body: dict[str, object] = {"format": POLICY_FORMAT, "version": POLICY_FORMAT_VERSION, "job": validate_job(job)}
+    if life:
+        body["life"] = life
     body.update(asdict(policy))
     return json.dumps(body, sort_keys=True).encode()
+
+
+def _policy_life(data: bytes) -> str:
+    """The life a (decoded without error) policy body was set for; "" for one set before the job had a writers table."""
+    life = json.loads(data).get("life", "")
+    return life if isinstance(life, str) else ""
+
+
+def _of_this_life(store: ObjectStore, job: str, data: bytes) -> bool:
+    """Whether a stored policy belongs to the job's current life: a job deleted and made again starts without one."""
+    life = _policy_life(data)
+    return not life or life == job_life(store, job)
 
 
 def decode_job_policy(key: str, data: bytes) -> JobPolicy:
@@ -88,13 +116,15 @@ def decode_job_policy(key: str, data: bytes) -> JobPolicy:
         raise CorruptDataError(f"job policy {key} has format {body.get('format')!r}, expected {POLICY_FORMAT!r}")
     if body.get("version") != POLICY_FORMAT_VERSION:
         raise CorruptDataError(f"job policy {key} has version {body.get('version')!r}, this pool reads {POLICY_FORMAT_VERSION}")
-    known = {f.name for f in fields(JobPolicy)} | {"format", "version", "job"}
+    known = {f.name for f in fields(JobPolicy)} | {"format", "version", "job", "life"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise CorruptDataError(f"job policy {key} has unknown field {unknown[0]!r}")
     expected_job = job_of_policy_key(key)
     if body.get("job") != expected_job:
         raise CorruptDataError(f"job policy {key} names job {body.get('job')!r}, not {expected_job!r}")
+    if not isinstance(body.get("life", ""), str):
+        raise CorruptDataError(f"job policy {key} has a life that is not a string")
     values = {f.name: body[f.name] for f in fields(JobPolicy) if f.name in body}
     try:
         return JobPolicy(**values).validated()
@@ -103,20 +133,50 @@ def decode_job_policy(key: str, data: bytes) -> JobPolicy:
 
 
 def read_job_policy(store: ObjectStore, job: str) -> JobPolicy | None:
-    """The job's stored policy; None when none is set; CorruptDataError naming the key when the object is not a policy."""
+    """The job's stored policy; None when none is set (or it was set for an earlier life of the job); CorruptDataError naming the key when the object is not a policy."""
     key = job_policy_key(job)
     try:
         data = store.get(key)
     except NotFoundError:
         return None
-    return decode_job_policy(key, data)
+    policy = decode_job_policy(key, data)
+    return policy if _of_this_life(store, job, data) else None
 
 
 def write_job_policy(store: ObjectStore, job: str, policy: JobPolicy) -> JobPolicy:
     """Store ``policy`` for ``job`` (replacing any), validated first: InvalidArgumentError naming the field, nothing written."""
     key = job_policy_key(job)
-    store.put(key, encode_job_policy(job, policy))
+    store.put(key, encode_job_policy(job, policy, job_life(store, job)))
     return policy
+
+
+def update_job_policy(store: ObjectStore, job: str, changes: dict[str, Any], updated_ms: int) -> JobPolicy:
+    """Change only the settings in ``changes`` (None: the pool's), keeping the rest of the stored policy; the policy stored.
+
+    Read and written by compare-and-swap, so two updates at once (from two operators, through two pools) both land;
+    ConflictError after repeated lost races. An unknown setting or a bad value is InvalidArgumentError, nothing written.
+    """
+    unknown = sorted(set(changes) - set(POLICY_SETTINGS))
+    if unknown:
+        raise InvalidArgumentError(f"unknown policy setting {unknown[0]!r} (known: {', '.join(POLICY_SETTINGS)})")
+    key = job_policy_key(job)
+    replace(JobPolicy(), **changes).validated()  # the values checked before anything is read
+    for _ in range(_UPDATE_ATTEMPTS):
+        try:
+            data, etag = store.get_with_etag(key)
+        except NotFoundError:
+            data, etag = None, None
+        life = job_life(store, job)
+        current = decode_job_policy(key, data) if data is not None else None
+        if current is None or (data is not None and _policy_life(data) not in ("", life)):
+            current = JobPolicy()  # none, or an earlier life's: the update starts from the pool's settings
+        policy = replace(current, **changes, updated_ms=updated_ms).validated()
+        try:
+            store.compare_and_swap(key, encode_job_policy(job, policy, life), etag)
+        except ConflictError:
+            continue  # another update landed between the read and the write: merge into it
+        return policy
+    raise ConflictError(f"the policy of job {job} changed {_UPDATE_ATTEMPTS} times while this update was merged; retry")
 
 
 def clear_job_policy(store: ObjectStore, job: str) -> bool:
@@ -136,9 +196,11 @@ def list_job_policies(store: ObjectStore) -> dict[str, JobPolicy]:
         if job is None:
             continue
         try:
-            found[job] = decode_job_policy(info.key, store.get(info.key))
+            policy = read_job_policy(store, job)
         except NotFoundError:
             continue  # cleared since the listing
+        if policy is not None:
+            found[job] = policy
     return found
 
 
@@ -217,6 +279,11 @@ class JobPolicies:
         policy.validated()
         job = self._require_job(job)
         return write_job_policy(self.store, job, replace(policy, updated_ms=self.lifecycle.context.now_ms()))
+
+    def update(self, job: str, changes: dict[str, Any]) -> JobPolicy:
+        """Change only the settings in ``changes`` of an existing job's policy, stamped with the time (see update_job_policy)."""
+        job = self._require_job(job)
+        return update_job_policy(self.store, job, changes, self.lifecycle.context.now_ms())
 
     def get(self, job: str) -> JobPolicy | None:
         """The job's own policy, None when it has none; NotFoundError for a job that has neither state nor policy."""

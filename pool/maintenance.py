@@ -144,6 +144,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise InvalidArgumentError(f"maintenance policy {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidArgumentError(f"maintenance policy {path}: not TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the bytes itself: this is no TOMLDecodeError
+        raise InvalidArgumentError(f"maintenance policy {path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def maintenance_config_of(table: dict[str, Any], where: str, base: MaintenanceConfig | None = None) -> MaintenanceConfig:
@@ -214,10 +216,6 @@ class MaintenanceRun:
     def to_dict(self) -> dict[str, object]:
         """The run as plain JSON values."""
         return asdict(self)
-
-
-class _LeaseLapsing(Exception):  # noqa: N818 - control flow inside one GC run, never seen outside this module
-    """Raised inside a GC run when its lease is about to lapse (or the maintainer stops): the run stops deleting."""
 
 
 @dataclass
@@ -483,18 +481,17 @@ class Maintainer:
     def _gc(self, job: str, context: LifecycleContext, lease: Lease) -> tuple[str, str, dict[str, int]]:
         margin_ms = self.leases.ttl_ms // 4
 
-        def still_ours(done: int, planned: int) -> None:  # stop deleting once the lease may lapse (or we stop)
+        def lapsing(done: int, planned: int) -> str | None:  # stop deleting once the lease may lapse (or we stop)
             if self._now_ms() >= lease.expires_ms - margin_ms or self._stopping():
-                raise _LeaseLapsing(f"stopped after {done} of {planned} deletes: the lease is about to lapse or the pool is stopping")
+                return f"stopped after {done} of {planned} deletes: the lease is about to lapse or the pool is stopping"
+            return None
 
-        collector = GarbageCollector(context, Pins(context))
-        try:
-            result = collector.gc(job, progress=still_ours)
-        except _LeaseLapsing as exc:  # its progress marker stays: the next run in scope recomputes from a fresh listing
-            return "ok", f"{exc}", {}
+        result = GarbageCollector(context, Pins(context)).gc(job, stop=lapsing, by_store_clock=True)
         detail = f"deleted {len(result.deleted)} file(s), {result.deleted_bytes} bytes; {result.too_young} too young"
         if result.skipped_jobs:
             detail += "; the job's checkpoints kept changing, judged again next round"
+        if result.stopped:  # its progress marker stays: the next run in scope recomputes from a fresh listing
+            detail = f"{result.stopped}; {detail}"
         return "ok", detail, {"bytes_reclaimed": result.deleted_bytes}
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------

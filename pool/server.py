@@ -28,6 +28,7 @@ from pool.errors import store_redactor
 from pool.health import PoolHealth
 from pool.http_serving import bind_problem
 from pool.interceptor import StatusInterceptor
+from pool.job_policy import JobPolicy
 from pool.lifecycle import Lifecycle, LifecycleConfig
 from pool.maintenance import Maintainer, MaintenanceConfig
 from pool.metrics import PoolMetrics
@@ -378,7 +379,7 @@ class PoolServer:
             self.maintainer = self._make_maintainer()
             self._bind_http()
             self._check_store()
-            add_to_server(RemotePoolServicer(self.core, lifecycle_config=self.config.lifecycle), server)
+            add_to_server(RemotePoolServicer(self.core, lifecycle_config=self.config.lifecycle, pool_policy=self._pool_policy()), server)
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
             reflection.enable_server_reflection(
                 (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
@@ -397,6 +398,13 @@ class PoolServer:
         metrics = f", metrics on http://{self.config.metrics_host}:{self.metrics_port}/metrics" if self.metrics_port else ""
         log.info("RemotePool serving on %s (store %s%s)", self.address, self.store.uri, metrics)
         return self
+
+    def _pool_policy(self) -> JobPolicy:
+        """What a job's unset policy settings (and RetainCheckpoints' keep_last 0) fall back to: the maintenance settings, else the lifecycle's."""
+        m, life = self.config.maintenance, self.config.lifecycle
+        if m is None:
+            return JobPolicy(life.retain_last, life.compact_max_layers, life.compact_max_delta_bytes or None)
+        return JobPolicy(m.keep_last, m.compact_max_layers, m.compact_max_delta_bytes or None)
 
     def _make_maintainer(self) -> Maintainer | None:
         """The pool's maintainer (not started) when maintenance is on: its lifecycle shares the core's cache and manifests."""

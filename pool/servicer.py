@@ -19,6 +19,7 @@ from pool.wire import (
     delta_chunks_from_pb,
     encode_multi_get_response,
     gc_result_to_pb,
+    job_policy_changes,
     job_policy_from_pb,
     job_policy_to_pb,
     length_delimited_field_1,
@@ -147,7 +148,10 @@ class RemotePoolServicer(pb_grpc.RemotePoolServicer):
         if request.clear:
             cleared = self.policies.clear(request.job)
             return pb.SetJobPolicyResponse(cleared=cleared, effective=job_policy_to_pb(self.policies.effective(None)))
-        policy = self.policies.set(request.job, job_policy_from_pb(request.policy))
+        if request.fields:
+            policy = self.policies.update(request.job, job_policy_changes(request.policy, request.fields))
+        else:
+            policy = self.policies.set(request.job, job_policy_from_pb(request.policy))
         return pb.SetJobPolicyResponse(policy=job_policy_to_pb(policy), effective=job_policy_to_pb(self.policies.effective(policy)))
 
     def GetJobPolicy(self, request: pb.GetJobPolicyRequest, context: grpc.ServicerContext) -> pb.GetJobPolicyResponse:

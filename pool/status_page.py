@@ -106,8 +106,9 @@ def _positive(params: dict[str, list[str]], name: str, default: int | None, most
     if len(values) > 1:
         raise InvalidArgumentError(f"parameter {name} given {len(values)} times")
     text = values[0]
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= most:
-        raise InvalidArgumentError(f"{name}={text!r} must be a whole number in 1..{most}")
+    # the length first: int() refuses over 4300 digits with a ValueError the handler would not answer
+    if not text.isascii() or not text.isdigit() or len(text) > 19 or not 1 <= int(text) <= most:
+        raise InvalidArgumentError(f"{name}={text[:40]!r} must be a whole number in 1..{most}")
     return int(text)
 
 
@@ -143,8 +144,8 @@ def parse_status_route(target: str, max_per_page: int = StatusPageConfig.max_per
     cid_text = m.group("cid")
     if cid_text is None:
         return StatusRoute("job", m.group("kind") == "api", job=job, page=page, per_page=per_page, path=path)
-    if not cid_text.isascii() or not cid_text.isdigit() or not 1 <= int(cid_text) < 1 << 63:
-        raise InvalidArgumentError(f"checkpoint id {unquote(cid_text)!r} in the path must be a positive integer")
+    if not cid_text.isascii() or not cid_text.isdigit() or len(cid_text) > 19 or not 1 <= int(cid_text) < 1 << 63:
+        raise InvalidArgumentError(f"checkpoint id {unquote(cid_text)[:40]!r} in the path must be a positive integer")
     return StatusRoute("checkpoint", m.group("kind") == "api", job=job, checkpoint_id=int(cid_text), path=path)
 
 

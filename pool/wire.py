@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -173,6 +173,23 @@ def job_policy_from_pb(message: pb.JobPolicy) -> JobPolicy:
         compact_max_delta_bytes=optional("compact_max_delta_bytes"),
         maintenance=not message.maintenance_disabled,
     ).validated()
+
+
+def job_policy_changes(message: pb.JobPolicy, names: Iterable[str]) -> dict[str, Any]:
+    """The settings a SetJobPolicy fields mask changes, each to the message's value (an unset limit: None, the pool's)."""
+    changes: dict[str, Any] = {}
+    for name in names:
+        if name in changes:
+            raise InvalidArgumentError(f"SetJobPolicy: field {name!r} given twice in fields")
+        if name == "maintenance":
+            changes[name] = not message.maintenance_disabled
+        elif name in ("keep_last", "compact_max_layers", "compact_max_delta_bytes"):
+            changes[name] = int(getattr(message, name)) if message.HasField(name) else None
+        else:
+            raise InvalidArgumentError(
+                f"SetJobPolicy: unknown field {name!r} in fields (known: keep_last, compact_max_layers, compact_max_delta_bytes, maintenance)"
+            )
+    return changes
 
 
 def retention_run_to_pb(run: RetentionRun) -> pb.RetainCheckpointsResponse:

@@ -359,14 +359,16 @@ class JobPolicy(_message.Message):
     def __init__(self, keep_last: _Optional[int] = ..., compact_max_layers: _Optional[int] = ..., compact_max_delta_bytes: _Optional[int] = ..., maintenance_disabled: _Optional[bool] = ..., updated_ms: _Optional[int] = ...) -> None: ...
 
 class SetJobPolicyRequest(_message.Message):
-    __slots__ = ("job", "policy", "clear")
+    __slots__ = ("job", "policy", "clear", "fields")
     JOB_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     CLEAR_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
     job: str
     policy: JobPolicy
     clear: bool
-    def __init__(self, job: _Optional[str] = ..., policy: _Optional[_Union[JobPolicy, _Mapping]] = ..., clear: _Optional[bool] = ...) -> None: ...
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., policy: _Optional[_Union[JobPolicy, _Mapping]] = ..., clear: _Optional[bool] = ..., fields: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SetJobPolicyResponse(_message.Message):
     __slots__ = ("policy", "cleared", "effective")

@@ -11,7 +11,7 @@ KeyGroups = tuple[int, int]
 
 LATEST_CHECKPOINT = 0  # the checkpoint selector of the newest complete checkpoint
 
-_KEY_GROUPS = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+_KEY_GROUPS = re.compile(r"\s*(\d{1,19})\s*(?:-\s*(\d{1,19})\s*)?")  # bounded: int() refuses 4300+ digits
 _CHECKPOINT_ID = re.compile(r"[0-9]{1,19}")
 _U64 = 1 << 64
 
@@ -20,7 +20,7 @@ def parse_key_groups(text: str, name: str = "key groups") -> KeyGroups:
     """'LO-HI' (inclusive) or a single 'N' to a key-group range within 0..127; ``name`` is what messages call the value."""
     m = _KEY_GROUPS.fullmatch(text or "")
     if not m:
-        raise InvalidArgumentError(f"{name} {text!r} must be LO-HI (for example 0-63) or a single key group")
+        raise InvalidArgumentError(f"{name} {text[:40]!r} must be LO-HI (for example 0-63) or a single key group")
     lo = int(m.group(1))
     hi = int(m.group(2)) if m.group(2) is not None else lo
     if not 0 <= lo <= hi < NUM_KEY_GROUPS:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 POOL_SETTING = "pool"  # a setting given as `pool`: unset it, so the pool's applies
 _SETTINGS = ("keep_last", "compact_max_layers", "compact_max_delta_bytes")
+MAX_SETTING = (1 << 63) - 1  # pool.job_policy.MAX_SETTING (the protocol's int64), not imported: --help stays light
 
 
 class _Unset:
@@ -33,18 +34,22 @@ class PolicySetting(click.ParamType):
 
     name = "N|pool"
 
+    def __init__(self, most: int = MAX_SETTING) -> None:
+        self.most = most
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | _Unset:  # noqa: D102
         if isinstance(value, int | _Unset) and not isinstance(value, bool):
             return value
         text = str(value).strip()
         if text.lower() == POOL_SETTING:
             return UNSET
-        if not text.isascii() or not text.isdigit() or int(text) < 1:
-            self.fail(f"{value!r} is not a positive integer (or `pool` for the pool's setting)", param, ctx)
+        if not text.isascii() or not text.isdigit() or len(text) > 19 or not 1 <= int(text) <= self.most:
+            self.fail(f"{value!r} is not a positive integer up to {self.most} (or `pool` for the pool's setting)", param, ctx)
         return int(text)
 
 
 SETTING = PolicySetting()
+MEBIBYTES_SETTING = PolicySetting(MAX_SETTING >> 20)  # N MiB, stored as N << 20 bytes in an int64
 
 
 @dataclass(frozen=True)
@@ -131,14 +136,14 @@ class _Policies:
             None,
         )
 
-    def set(self, job: str, settings: dict[str, int | None], maintenance: bool) -> PolicyView:
+    def update(self, job: str, changes: dict[str, Any]) -> PolicyView:
+        """Change only the settings given (the others stay, even ones another client sets meanwhile)."""
         if self.client is not None:
-            return _view_of(self.client.set_job_policy(job, maintenance=maintenance, **settings))
+            values = {name: changes.get(name) for name in _SETTINGS}
+            on = changes.get("maintenance", True)
+            return _view_of(self.client.set_job_policy(job, maintenance=on, only=tuple(changes), **values))
         assert self.local is not None
-        from pool.job_policy import JobPolicy
-
-        policy = JobPolicy(settings["keep_last"], settings["compact_max_layers"], settings["compact_max_delta_bytes"], maintenance)
-        self.local.set(job, policy)
+        self.local.update(job, changes)
         return self.show(job)
 
     def clear(self, job: str) -> bool:
@@ -213,7 +218,10 @@ def _ids(ids: list[int]) -> str:
 )
 @click.option("--compact-max-layers", type=SETTING, default=None, help="Compact a part with more layers than N. `pool`: the pool's.")
 @click.option(
-    "--compact-max-delta-mb", type=SETTING, default=None, help="Compact a part whose deltas hold more than N MiB. `pool`: the pool's."
+    "--compact-max-delta-mb",
+    type=MEBIBYTES_SETTING,
+    default=None,
+    help="Compact a part whose deltas hold more than N MiB. `pool`: the pool's.",
 )
 @click.option(
     "--maintenance",
@@ -306,15 +314,15 @@ def retain_cmd(
                 f"(keep_last {doc['keep_last']}, from {source})",
             )
         else:
-            current = policies.show(job)
-            merged: dict[str, int | None] = {name: getattr(current, name) for name in _SETTINGS}
+            changes: dict[str, Any] = {}
             for name, value in given.items():
                 if value is UNSET:
-                    merged[name] = None
+                    changes[name] = None
                 elif isinstance(value, int):
-                    merged[name] = value << 20 if name == "compact_max_delta_bytes" else value
-            on = current.maintenance if maintenance is None else maintenance == "on"
-            view = policies.set(job, merged, on)
+                    changes[name] = value << 20 if name == "compact_max_delta_bytes" else value
+            if maintenance is not None:
+                changes["maintenance"] = maintenance == "on"
+            view = policies.update(job, changes)
             out.result(view.doc(policies.via), view.text())
     finally:
         policies.close()

@@ -22,6 +22,7 @@ from pool.job_policy import (
     list_job_policies,
     read_job_policy,
     resolve_keep_last,
+    update_job_policy,
     write_job_policy,
 )
 from pool.lifecycle import Lifecycle, LifecycleConfig
@@ -200,3 +201,82 @@ def test_the_pools_maintenance_settings_are_what_unset_ones_fall_back_to():
         policies.retain("orders", keep_last=-1)
     with pytest.raises(NotFoundError, match="ordres"):
         policies.retain("ordres", dry_run=True)
+
+
+# ---- updates that change only the settings given, and the life a policy belongs to ---------------------------------
+
+changes_of = st.dictionaries(
+    st.sampled_from(["keep_last", "compact_max_layers", "compact_max_delta_bytes", "maintenance"]),
+    st.one_of(st.none(), st.integers(1, 2**40)),
+    min_size=1,
+).map(lambda d: {k: (bool(v) if k == "maintenance" else v) for k, v in d.items()})
+
+
+@given(st.lists(changes_of, min_size=1, max_size=6), st.integers(0, 5))
+def test_updates_change_only_their_settings_even_when_another_update_lands_between_read_and_write(updates, racing_at):
+    """A model (a dict of settings) against update_job_policy, with a second client's update landing mid-update once."""
+    from tests.hook_store import HookStore
+
+    inner = MemoryStore()
+    store = HookStore(inner)
+    model = {"keep_last": None, "compact_max_layers": None, "compact_max_delta_bytes": None, "maintenance": True}
+    racer = {"compact_max_layers": 7}
+    raced = {"done": False}
+
+    def another_client() -> None:  # after our read, before our compare-and-swap: its setting must survive ours
+        if not raced["done"]:
+            raced["done"] = True
+            update_job_policy(inner, "orders", racer, 1)
+
+    for n, changes in enumerate(updates):
+        if n == racing_at:
+            store.on("compare_and_swap", job_policy_key("orders"), another_client, when="before")
+            model.update(racer)
+        update_job_policy(store, "orders", changes, 10 + n)
+        model.update(changes)
+        if n == racing_at and "compact_max_layers" in changes:
+            model["compact_max_layers"] = changes["compact_max_layers"]  # ours came after the racer's: ours stands
+    stored = read_job_policy(inner, "orders")
+    assert stored is not None
+    assert {k: getattr(stored, k) for k in model} == model
+    assert stored.updated_ms == 10 + len(updates) - 1
+
+
+def test_an_update_of_an_unknown_setting_or_a_bad_value_writes_nothing():
+    store = MemoryStore()
+    write_job_policy(store, "orders", JobPolicy(keep_last=3))
+    before = store.get(job_policy_key("orders"))
+    with pytest.raises(InvalidArgumentError, match="keep_lats"):
+        update_job_policy(store, "orders", {"keep_lats": 5}, 1)
+    with pytest.raises(InvalidArgumentError, match="compact_max_layers"):
+        update_job_policy(store, "orders", {"compact_max_layers": 2**63}, 1)
+    with pytest.raises(InvalidArgumentError, match="keep_last"):
+        JobPolicy(keep_last=2**63).validated()
+    assert store.get(job_policy_key("orders")) == before
+
+
+def test_a_policy_belongs_to_the_life_of_the_job_it_was_set_for():
+    """Deleted and made again, a job starts with no policy of its own; an update then starts from the pool's settings."""
+    store = MemoryStore()
+    core = PoolCore(store)
+    build_job(core, "orders", 2, random.Random(1))
+    write_job_policy(store, "orders", JobPolicy(keep_last=1, compact_max_layers=2, maintenance=False))
+    assert json.loads(store.get(job_policy_key("orders")))["life"]  # tied to the writers table's life token
+    assert read_job_policy(store, "orders") == JobPolicy(keep_last=1, compact_max_layers=2, maintenance=False)
+    for info in list(store.list("jobs/orders/")):
+        store.delete(info.key)
+    build_job(PoolCore(store), "orders", 2, random.Random(2))  # a new life, same name
+    assert read_job_policy(store, "orders") is None
+    assert list_job_policies(store) == {}
+    assert JobPolicies(Lifecycle(store)).get("orders") is None
+    assert update_job_policy(store, "orders", {"keep_last": 4}, 5) == JobPolicy(keep_last=4, updated_ms=5)
+    assert read_job_policy(store, "orders") == JobPolicy(keep_last=4, updated_ms=5)
+
+
+def test_a_policy_set_before_the_job_had_writers_stays_with_it():
+    """A job imported from a savepoint has checkpoints but no writers table yet: its policy applies once writers come."""
+    store = MemoryStore()
+    write_job_policy(store, "orders", JobPolicy(keep_last=6))
+    assert "life" not in json.loads(store.get(job_policy_key("orders")))
+    build_job(PoolCore(store), "orders", 1, random.Random(3))
+    assert read_job_policy(store, "orders") == JobPolicy(keep_last=6)

@@ -61,20 +61,36 @@ def test_a_new_lease_is_written_once_and_renewed_by_its_holder(store: MemoryStor
     assert (renewed.acquired_ms, renewed.expires_ms) == (1_000_000, 1_040_000)  # held since the first take
 
 
-def test_another_pool_takes_a_lease_only_once_it_has_expired(store: MemoryStore, clock: Clock) -> None:
+def test_another_pool_takes_a_lease_only_once_it_has_seen_it_unchanged_for_its_ttl(store: MemoryStore, clock: Clock) -> None:
     a, b = MaintenanceLeases(store, "pool-a", 30, clock), MaintenanceLeases(store, "pool-b", 30, clock)
     held, _ = a.acquire("orders")
     assert held is not None
+    clock.now += 10
+    lease, current = b.acquire("orders")  # b's first sight of this lease: its ttl counts from here, on b's own clock
+    assert lease is None and current is not None and current.holder == "pool-a"
     clock.now += 29.999
     lease, current = b.acquire("orders")
     assert lease is None and current is not None and current.holder == "pool-a"
     assert body_of(store, "orders")["holder"] == "pool-a"  # nothing written by b
-    clock.now += 0.001  # expires_ms reached: expired
+    clock.now += 0.001  # seen unchanged for the whole ttl: its holder stopped renewing
     lease, current = b.acquire("orders")
     assert current is None and lease is not None and lease.holder == "pool-b"
     assert lease.acquired_ms == int(clock.now * 1000)
     back, current = a.acquire("orders")  # a, back from a pause, finds it taken
     assert back is None and current is not None and current.holder == "pool-b"
+
+
+def test_a_renewed_lease_is_never_taken_whatever_the_holders_clock_says(store: MemoryStore, clock: Clock) -> None:
+    slow = Clock()
+    slow.now = clock.now - 3600  # the holder's clock an hour behind: every stamp it writes is long "expired" for b
+    a, b = MaintenanceLeases(store, "pool-a", 30, slow), MaintenanceLeases(store, "pool-b", 30, clock)
+    for _ in range(10):
+        held, _ = a.acquire("orders")
+        assert held is not None and held.holder == "pool-a"
+        lease, current = b.acquire("orders")
+        assert lease is None and current is not None and current.holder == "pool-a"
+        clock.now += 12
+        slow.now += 12
 
 
 def test_of_two_pools_racing_for_a_lease_exactly_one_wins(store: MemoryStore, clock: Clock) -> None:
@@ -86,7 +102,8 @@ def test_of_two_pools_racing_for_a_lease_exactly_one_wins(store: MemoryStore, cl
     lease, current = a.acquire("orders")
     assert lease is None and current is not None and current.holder == "pool-b"
     assert won[0][0] is not None and won[0][0].holder == "pool-b"
-    # and for an expired one: both read it expired, b swaps first, a's compare-and-swap on the old etag loses
+    # and for a lapsed one: a has seen it unchanged for the ttl, b renews it first, a's compare-and-swap on the old etag loses
+    assert a.acquire("orders")[0] is None  # a's first sight of b's lease
     clock.now += 60
     hooked.on("compare_and_swap", "maintenance/leases/", lambda: won.append(b.acquire("orders")))
     lease, current = a.acquire("orders")

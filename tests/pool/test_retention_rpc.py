@@ -249,3 +249,24 @@ def test_a_token_of_another_job_or_read_only_is_refused(guarded):
     assert reader.get_job_policy("job-a").keep_last == 4  # reading the policy is a read
     assert set(owner.retain_checkpoints("job-a").deleted) == {1, 2}
     assert complete(store, "job-a") == [3, 4, 5, 6]
+
+
+def test_a_fields_mask_changes_only_the_settings_it_names(served):
+    """SetJobPolicy with fields merges into the stored policy (what `clink-pool retain --keep-last 5` sends); bad names refused."""
+    store, client, stub, _ = served
+    build_job(PoolCore(store), "j", 2, random.Random(3))
+    client.set_job_policy("j", keep_last=2, compact_max_layers=4, maintenance=False)
+    info = client.set_job_policy("j", keep_last=5, only=("keep_last",))
+    assert (info.keep_last, info.compact_max_layers, info.maintenance) == (5, 4, False)
+    info = client.set_job_policy("j", compact_max_layers=None, maintenance=True, only=("compact_max_layers", "maintenance"))
+    assert (info.keep_last, info.compact_max_layers, info.maintenance) == (5, None, True)
+    assert read_job_policy(store, "j") == JobPolicy(keep_last=5, maintenance=True, updated_ms=info.updated_ms)
+    before = keys(store)
+    for fields in (["keep_lats"], ["keep_last", "keep_last"]):
+        req = pb.SetJobPolicyRequest(job="j", policy=pb.JobPolicy(keep_last=9), fields=fields)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.SetJobPolicy(req)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fields[0] in caught.value.details()
+    with pytest.raises(InvalidArgumentError, match="only="):
+        client.set_job_policy("j", keep_last=9, only=())
+    assert keys(store) == before
