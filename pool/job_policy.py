@@ -21,9 +21,9 @@ POLICY_FORMAT = "clink.job-policy"
 POLICY_FORMAT_VERSION = 1
 _POLICY_SUFFIX = ".json"
 # the settings a stored policy may hold besides its format fields; anything else is refused by name
-_LIMITS = ("keep_last", "compact_max_layers", "compact_max_delta_bytes")
+LIMIT_SETTINGS = ("keep_last", "compact_max_layers", "compact_max_delta_bytes")
 # the settings one update may change (SetJobPolicy's fields mask, `clink-pool retain`'s given options)
-POLICY_SETTINGS = (*_LIMITS, "maintenance")
+POLICY_SETTINGS = (*LIMIT_SETTINGS, "maintenance")
 MAX_SETTING = (1 << 63) - 1  # the protocol carries int64
 _UPDATE_ATTEMPTS = 8  # compare-and-swap rounds an update tries against concurrent updates before ConflictError
 
@@ -40,7 +40,7 @@ class JobPolicy:
 
     def validated(self) -> JobPolicy:
         """This policy when every field is in range; InvalidArgumentError naming the first field that is not."""
-        for name in _LIMITS:
+        for name in LIMIT_SETTINGS:
             value = getattr(self, name)
             if value is None:
                 continue
@@ -92,20 +92,13 @@ def encode_job_policy(job: str, policy: JobPolicy, life: str = "") -> bytes:
     return json.dumps(body, sort_keys=True).encode()
 
 
-def _policy_life(data: bytes) -> str:
-    """The life a (decoded without error) policy body was set for; "" for one set before the job had a writers table."""
-    life = json.loads(data).get("life", "")
-    return life if isinstance(life, str) else ""
-
-
-def _of_this_life(store: ObjectStore, job: str, data: bytes) -> bool:
-    """Whether a stored policy belongs to the job's current life: a job deleted and made again starts without one."""
-    life = _policy_life(data)
-    return not life or life == job_life(store, job)
-
-
 def decode_job_policy(key: str, data: bytes) -> JobPolicy:
     """The policy stored under ``key``; CorruptDataError naming the key (and the field) when the body is not one."""
+    return _decode_with_life(key, data)[0]
+
+
+def _decode_with_life(key: str, data: bytes) -> tuple[JobPolicy, str]:
+    """(the policy, the life it was set for: "" when set before the job had a writers table); see decode_job_policy."""
     try:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError):
@@ -123,11 +116,12 @@ def decode_job_policy(key: str, data: bytes) -> JobPolicy:
     expected_job = job_of_policy_key(key)
     if body.get("job") != expected_job:
         raise CorruptDataError(f"job policy {key} names job {body.get('job')!r}, not {expected_job!r}")
-    if not isinstance(body.get("life", ""), str):
+    life = body.get("life", "")
+    if not isinstance(life, str):
         raise CorruptDataError(f"job policy {key} has a life that is not a string")
     values = {f.name: body[f.name] for f in fields(JobPolicy) if f.name in body}
     try:
-        return JobPolicy(**values).validated()
+        return JobPolicy(**values).validated(), life
     except InvalidArgumentError as exc:
         raise CorruptDataError(f"job policy {key}: {exc}") from None
 
@@ -139,8 +133,13 @@ def read_job_policy(store: ObjectStore, job: str) -> JobPolicy | None:
         data = store.get(key)
     except NotFoundError:
         return None
-    policy = decode_job_policy(key, data)
-    return policy if _of_this_life(store, job, data) else None
+    return _of_life(key, data, job_life(store, job))
+
+
+def _of_life(key: str, data: bytes, life: str) -> JobPolicy | None:
+    """The policy in ``data`` when it belongs to the job's current ``life``; None for an earlier life's."""
+    policy, set_for = _decode_with_life(key, data)
+    return policy if not set_for or set_for == life else None  # a job deleted and made again starts without one
 
 
 def write_job_policy(store: ObjectStore, job: str, policy: JobPolicy) -> JobPolicy:
@@ -167,10 +166,9 @@ def update_job_policy(store: ObjectStore, job: str, changes: dict[str, Any], upd
         except NotFoundError:
             data, etag = None, None
         life = job_life(store, job)
-        current = decode_job_policy(key, data) if data is not None else None
-        if current is None or (data is not None and _policy_life(data) not in ("", life)):
-            current = JobPolicy()  # none, or an earlier life's: the update starts from the pool's settings
-        policy = replace(current, **changes, updated_ms=updated_ms).validated()
+        current = None if data is None else _of_life(key, data, life)
+        # none, or an earlier life's: the update starts from the pool's settings
+        policy = replace(current or JobPolicy(), **changes, updated_ms=updated_ms).validated()
         try:
             store.compare_and_swap(key, encode_job_policy(job, policy, life), etag)
         except ConflictError:

@@ -399,12 +399,10 @@ class PoolServer:
         log.info("RemotePool serving on %s (store %s%s)", self.address, self.store.uri, metrics)
         return self
 
-    def _pool_policy(self) -> JobPolicy:
-        """What a job's unset policy settings (and RetainCheckpoints' keep_last 0) fall back to: the maintenance settings, else the lifecycle's."""
-        m, life = self.config.maintenance, self.config.lifecycle
-        if m is None:
-            return JobPolicy(life.retain_last, life.compact_max_layers, life.compact_max_delta_bytes or None)
-        return JobPolicy(m.keep_last, m.compact_max_layers, m.compact_max_delta_bytes or None)
+    def _pool_policy(self) -> JobPolicy | None:
+        """What a job's unset policy settings (and RetainCheckpoints' keep_last 0) fall back to: the maintenance settings (None: the lifecycle's)."""
+        m = self.config.maintenance
+        return None if m is None else JobPolicy(m.keep_last, m.compact_max_layers, m.compact_max_delta_bytes or None)
 
     def _make_maintainer(self) -> Maintainer | None:
         """The pool's maintainer (not started) when maintenance is on: its lifecycle shares the core's cache and manifests."""

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from pool.compaction import CompactionResult
 from pool.domain import CheckpointInfo, CommitRequest, CommitResult, KeyGroupRange
 from pool.gc import GcResult
-from pool.job_policy import JobPolicy, RetentionRun
+from pool.job_policy import LIMIT_SETTINGS, POLICY_SETTINGS, JobPolicy, RetentionRun
 from pool.savepoints import SavepointInfo
 from protos import remote_pool_pb2 as pb
 from snapshot.errors import InvalidArgumentError
@@ -154,7 +154,7 @@ def gc_result_to_pb(result: GcResult) -> pb.CollectGarbageResponse:
 def job_policy_to_pb(policy: JobPolicy) -> pb.JobPolicy:
     """A job's policy as its message (an unset field stays unset)."""
     message = pb.JobPolicy(maintenance_disabled=not policy.maintenance, updated_ms=policy.updated_ms)
-    for name in ("keep_last", "compact_max_layers", "compact_max_delta_bytes"):
+    for name in LIMIT_SETTINGS:
         value = getattr(policy, name)
         if value is not None:
             setattr(message, name, value)
@@ -183,12 +183,10 @@ def job_policy_changes(message: pb.JobPolicy, names: Iterable[str]) -> dict[str,
             raise InvalidArgumentError(f"SetJobPolicy: field {name!r} given twice in fields")
         if name == "maintenance":
             changes[name] = not message.maintenance_disabled
-        elif name in ("keep_last", "compact_max_layers", "compact_max_delta_bytes"):
+        elif name in LIMIT_SETTINGS:
             changes[name] = int(getattr(message, name)) if message.HasField(name) else None
         else:
-            raise InvalidArgumentError(
-                f"SetJobPolicy: unknown field {name!r} in fields (known: keep_last, compact_max_layers, compact_max_delta_bytes, maintenance)"
-            )
+            raise InvalidArgumentError(f"SetJobPolicy: unknown field {name!r} in fields (known: {', '.join(POLICY_SETTINGS)})")
     return changes
 
 
